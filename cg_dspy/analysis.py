@@ -1,0 +1,300 @@
+"""The paper's analyses over graded rows: pure functions, no I/O.
+
+Task-solving rate under strict all-requirements scoring (Eq. 10-12), breakdowns by
+category, sub-category and input length (Figure 3-4), the near-miss distribution and
+migration (Appendix H), requirement-level repair and regression (Appendix I) and
+judge stability (Table 5). Percentages are numbers in 0-100.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from itertools import combinations
+
+from cg_dspy.data import LENGTH_BINS, length_bin, token_length
+
+NEAR_MISS_BINS = ("0", "1", "2-3", "4-8", ">8")
+RUBRIC_TYPES = (
+    "format/lexical",
+    "procedure/agent",
+    "calc/verify/standards",
+    "conditional rules",
+    "style/audience/persona",
+)
+# Keyword cues per requirement type; a rubric takes the type with the most cues
+# (ties go to the earlier type), and a rubric with no cue is left untyped.
+_TYPE_CUES = {
+    "format/lexical": r"format|bullet|numbered|list|table|json|xml|heading|section|paragraph|bold|italic|"
+    r"markdown|words?\b|characters?|sentence|begin|start with|end with|ends? with|emoji|capital|"
+    r"quote|exactly|phrase|label|length|\blines?\b",
+    "procedure/agent": r"step|procedure|workflow|route|routing|agent|hand-?off|escalat|\blog\b|logs|"
+    r"sequence|order\b|gate|checklist|protocol|stop and|before|after|first|then\b",
+    "calc/verify/standards": r"calculat|compute|total|sum\b|average|mean\b|percent|%|estimate|unit|"
+    r"verif|standard|formula|\d|value|accura|precis",
+    "conditional rules": r"\bif\b|unless|except|\bwhen\b|only if|rule|condition|exempt|appl(y|ies)|"
+    r"threshold|not approved|must not|should not|never",
+    "style/audience/persona": r"tone|style|audience|persona|friendly|formal|plain language|slang|"
+    r"empath|polite|voice|\brole\b|teenager|beginner|child|warm|encourag|concise",
+}
+_CUE_RE = {t: re.compile(p, re.IGNORECASE) for t, p in _TYPE_CUES.items()}
+
+
+def rubric_type(rubric: str) -> str | None:
+    """The requirement type a rubric tests, by keyword cues (None when no cue matches)."""
+    hits = {t: len(_CUE_RE[t].findall(rubric)) for t in RUBRIC_TYPES}
+    best = max(RUBRIC_TYPES, key=lambda t: hits[t])
+    return best if hits[best] else None
+
+
+def statuses(row: dict) -> list[bool]:
+    """Satisfied flags per rubric; missing labels count as unsatisfied."""
+    rubrics = row.get("rubrics") or []
+    raw = list(row.get("requirement_status") or [])
+    raw = (raw + ["no"] * len(rubrics))[: max(len(rubrics), len(raw))]
+    return [str(s).strip().lower() == "yes" for s in raw]
+
+
+def solved(row: dict) -> bool:
+    """Strict conjunctive score: solved only when every requirement is satisfied."""
+    flags = statuses(row)
+    return bool(flags) and all(flags)
+
+
+def failures(row: dict) -> int:
+    return sum(not f for f in statuses(row))
+
+
+def near_miss_bin(n_failed: int) -> str:
+    if n_failed <= 1:
+        return str(n_failed)
+    if n_failed <= 3:
+        return "2-3"
+    if n_failed <= 8:
+        return "4-8"
+    return ">8"
+
+
+def _pct(num: float, den: float) -> float | None:
+    return round(100.0 * num / den, 2) if den else None
+
+
+def _rate_table(rows: list[dict], key) -> dict[str, dict]:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[key(r)].append(r)
+    return {
+        name: {
+            "tasks": len(g),
+            "solved": sum(solved(r) for r in g),
+            "task_solving_rate": _pct(sum(solved(r) for r in g), len(g)),
+        }
+        for name, g in sorted(groups.items())
+    }
+
+
+def _meta(row: dict, key: str) -> str:
+    return str((row.get("metadata") or {}).get(key) or "unknown")
+
+
+def _with_category(table: dict[str, dict], rows: list[dict]) -> dict[str, dict]:
+    """Tag each sub-category with its macro-category, for grouping in Figure 3."""
+    owner = {_meta(r, "sub_category"): _meta(r, "context_category") for r in rows}
+    return {sub: {**cell, "category": owner.get(sub, "unknown")} for sub, cell in table.items()}
+
+
+def rubric_type_failure(rows: list[dict]) -> dict[str, float | None]:
+    """Failure rate per requirement type, task-averaged within each type (Table 2)."""
+    per_type: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        flags = statuses(r)
+        by_type: dict[str, list[bool]] = defaultdict(list)
+        for rubric, ok in zip(r.get("rubrics") or [], flags):
+            t = rubric_type(rubric)
+            if t:
+                by_type[t].append(ok)
+        for t, oks in by_type.items():
+            per_type[t].append(sum(not ok for ok in oks) / len(oks))
+    return {t: _pct(sum(per_type[t]), len(per_type[t])) for t in RUBRIC_TYPES}
+
+
+def run_summary(rows: list[dict]) -> dict:
+    """Every per-run figure of the report for one graded file."""
+    n = len(rows)
+    n_solved = sum(solved(r) for r in rows)
+    near = dict.fromkeys(NEAR_MISS_BINS, 0)
+    for r in rows:
+        near[near_miss_bin(failures(r))] += 1
+    by_length = _rate_table(rows, lambda r: length_bin(token_length(r.get("messages") or [])))
+    return {
+        "tasks": n,
+        "solved": n_solved,
+        "task_solving_rate": _pct(n_solved, n),
+        "by_category": _rate_table(rows, lambda r: _meta(r, "context_category")),
+        "by_sub_category": _with_category(_rate_table(rows, lambda r: _meta(r, "sub_category")), rows),
+        "by_length_bin": {b: by_length[b] for b in LENGTH_BINS if b in by_length},
+        "near_miss": near,
+        "rubric_type_failure": rubric_type_failure(rows),
+    }
+
+
+def _ids(rows: list[dict]) -> dict[str, dict]:
+    out = {}
+    for r in rows:
+        rid = r.get("idx") if r.get("idx") is not None else (r.get("metadata") or {}).get("task_id")
+        out[str(rid)] = r
+    return out
+
+
+def compare(before: list[dict], after: list[dict]) -> dict:
+    """Migration and repair/regression from `before` to `after` (Appendix H-I).
+
+    Tasks are paired by id over the union of both files; a task missing from one side
+    counts there as unsolved with every requirement unsatisfied.
+    """
+    b_rows, a_rows = _ids(before), _ids(after)
+    migration = {x: dict.fromkeys(NEAR_MISS_BINS, 0) for x in NEAR_MISS_BINS}
+    newly = broken = preserved = 0
+    repairs = regressions = changed = total = x0 = x1 = 0
+    for rid in sorted(set(b_rows) | set(a_rows)):
+        ref = b_rows.get(rid) or a_rows[rid]
+        m = len(ref.get("rubrics") or [])
+        xs = statuses(b_rows[rid])[:m] if rid in b_rows else [False] * m
+        ys = statuses(a_rows[rid])[:m] if rid in a_rows else [False] * m
+        xs, ys = xs + [False] * (m - len(xs)), ys + [False] * (m - len(ys))
+        sx, sy = bool(xs) and all(xs), bool(ys) and all(ys)
+        migration[near_miss_bin(xs.count(False))][near_miss_bin(ys.count(False))] += 1
+        newly += sy and not sx
+        broken += sx and not sy
+        preserved += sx and sy
+        for x, y in zip(xs, ys):
+            total += 1
+            x1 += x
+            x0 += not x
+            repairs += (not x) and y
+            regressions += x and not y
+            changed += x != y
+    repair_p = _pct(repairs, x0)
+    regression = _pct(regressions, x1)
+    return {
+        "migration": migration,
+        "newly_solved": newly,
+        "broken_solved": broken,
+        "preserved_solved": preserved,
+        "net_solved_gain": newly - broken,
+        "change_rate": _pct(changed, total),
+        "repair_probability": repair_p,
+        "regression_risk": regression,
+        "positive_change_precision": _pct(repairs, changed),
+        "benefit_risk_ratio": round(repair_p / regression, 2) if repair_p is not None and regression else None,
+        "net_requirement_gain": _pct(repairs - regressions, total),
+    }
+
+
+def _agreement(votes: list[bool]) -> tuple[float, float]:
+    """(pairwise agreement among votes, agreement of votes with their majority)."""
+    k = len(votes)
+    pairs = list(combinations(votes, 2))
+    single = sum(a == b for a, b in pairs) / len(pairs) if pairs else 1.0
+    label = sum(votes) > k / 2
+    return single, sum(v == label for v in votes) / k
+
+
+def judge_stability(rows: list[dict]) -> dict | None:
+    """Single-vote and majority-vote agreement, requirement and task level (Table 5).
+
+    Only requirements with the full K votes count (K = the most votes any requirement
+    got); early-stopped requirements have fewer and are left out, so measure stability
+    on a run graded with early stop off.
+    """
+    vote_lists = [[v == "yes" for v in vs] for r in rows for vs in (r.get("votes") or [])]
+    if not vote_lists:
+        return None
+    k = max(len(v) for v in vote_lists)
+    req = [_agreement(v) for v in vote_lists if len(v) == k and k > 1]
+    tasks = []
+    for r in rows:
+        vs = [[v == "yes" for v in x] for x in (r.get("votes") or [])]
+        if vs and k > 1 and all(len(v) == k for v in vs):
+            tasks.append(_agreement([all(v[i] for v in vs) for i in range(k)]))
+
+    def level(items: list[tuple[float, float]]) -> dict:
+        return {
+            "instances": len(items),
+            "single_vote_agreement": _pct(sum(s for s, _ in items), len(items)),
+            "majority_vote_agreement": _pct(sum(m for _, m in items), len(items)),
+        }
+
+    return {"votes": k, "requirement": level(req), "task": level(tasks)}
+
+
+def report(runs: dict[str, list[dict]]) -> dict:
+    """The JSON report: `runs`, plus `comparison` for two runs and `judge_stability`."""
+    out: dict = {"runs": {name: run_summary(rows) for name, rows in runs.items()}}
+    names = list(runs)
+    if len(names) == 2:
+        out["comparison"] = compare(runs[names[0]], runs[names[1]])
+    stability = {name: judge_stability(rows) for name, rows in runs.items()}
+    stability = {k: v for k, v in stability.items() if v is not None}
+    if stability:
+        out["judge_stability"] = stability
+    return out
+
+
+# --- markdown ---------------------------------------------------------------------
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _rates(title: str, runs: dict, key: str) -> str:
+    names = list(runs)
+    groups = sorted({g for r in runs.values() for g in r[key]}, key=lambda g: (
+        LENGTH_BINS.index(g) if g in LENGTH_BINS else -1, g))
+    rows = []
+    for g in groups:
+        cells = []
+        for n in names:
+            cell = runs[n][key].get(g)
+            cells.append(f"{_fmt(cell['task_solving_rate'])} ({cell['solved']}/{cell['tasks']})" if cell else "–")
+        rows.append([g, *cells])
+    return f"### {title}\n\n" + _table([key.replace("by_", "").replace("_", " "), *names], rows)
+
+
+def to_markdown(result: dict) -> str:
+    """The report as Markdown tables, in the order of the paper's tables."""
+    runs = result["runs"]
+    names = list(runs)
+    out = ["## Task-solving rate (%)\n", _table(
+        ["run", "tasks", "solved", "TSR"],
+        [[n, runs[n]["tasks"], runs[n]["solved"], runs[n]["task_solving_rate"]] for n in names])]
+    for key, title in (("by_category", "By category"), ("by_sub_category", "By sub-category"),
+                       ("by_length_bin", "By input length (cl100k_base tokens)")):
+        out.append("\n" + _rates(title, runs, key))
+    out.append("\n### Near-miss distribution (tasks by unsatisfied requirements)\n")
+    out.append(_table(["run", *NEAR_MISS_BINS], [[n, *runs[n]["near_miss"].values()] for n in names]))
+    out.append("\n### Failure rate by requirement type (%, task-averaged)\n")
+    out.append(_table(["type", *names], [[t, *(runs[n]["rubric_type_failure"][t] for n in names)]
+                                         for t in RUBRIC_TYPES]))
+    if "comparison" in result:
+        c = result["comparison"]
+        out.append(f"\n## {names[0]} → {names[1]}\n\n### Migration (rows: before, columns: after)\n")
+        out.append(_table(["before \\ after", *NEAR_MISS_BINS],
+                          [[b, *c["migration"][b].values()] for b in NEAR_MISS_BINS]))
+        keys = [k for k in c if k != "migration"]
+        out.append("\n" + _table(["measure", "value"], [[k, c[k]] for k in keys]))
+    for name, s in (result.get("judge_stability") or {}).items():
+        out.append(f"\n### Judge stability: {name} (K = {s['votes']})\n")
+        out.append(_table(["level", "instances", "single-vote agreement", "majority-vote agreement"],
+                          [[lvl, s[lvl]["instances"], s[lvl]["single_vote_agreement"],
+                            s[lvl]["majority_vote_agreement"]] for lvl in ("requirement", "task")]))
+    return "\n".join(out) + "\n"

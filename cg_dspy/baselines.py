@@ -1,0 +1,55 @@
+"""The paper's baselines, built on the same draft so comparisons are paired.
+
+`Baseline` is one plain generation. `SelfRefine` takes that same draft (the `generate`
+predictor has the same signature and prompt, so a cached run reuses it, or pass
+`draft=` explicitly), asks for free-form feedback and revises without constraints.
+"""
+
+from __future__ import annotations
+
+import dspy
+
+from cg_dspy.program import as_conversation
+from cg_dspy.signatures import Generate, SelfFeedback, SelfRefineRevision
+from cg_dspy.stages import StageFailure, Stages
+
+
+class Baseline(dspy.Module):
+    """One generation from the conversation, no reminder, no revision."""
+
+    def __init__(self):
+        super().__init__()
+        self.generate = dspy.Predict(Generate)
+
+    def forward(self, conversation, category: str | None = None, draft: str | None = None) -> dspy.Prediction:
+        stages = Stages()
+        if draft is None:
+            draft = stages.run("draft", self.generate, conversation=as_conversation(conversation)).answer
+        return dspy.Prediction(answer=draft, draft=draft, path="draft", failures=stages.failures, cost=stages.cost)
+
+
+class SelfRefine(dspy.Module):
+    """One round of self-feedback, then an unconstrained revision of the whole answer."""
+
+    def __init__(self):
+        super().__init__()
+        self.generate = dspy.Predict(Generate)
+        self.feedback = dspy.Predict(SelfFeedback)
+        self.refine = dspy.Predict(SelfRefineRevision)
+
+    def forward(self, conversation, category: str | None = None, draft: str | None = None) -> dspy.Prediction:
+        conversation = as_conversation(conversation)
+        stages = Stages()
+        if draft is None:
+            draft = stages.run("draft", self.generate, conversation=conversation).answer
+        answer, feedback, path = draft, None, "revised"
+        try:
+            feedback = stages.run("feedback", self.feedback, conversation=conversation, previous_answer=draft).feedback
+            answer = stages.run(
+                "refine", self.refine, conversation=conversation, previous_answer=draft, feedback=feedback
+            ).revised_answer
+        except StageFailure:
+            answer, path = draft, "stage-failed"
+        return dspy.Prediction(
+            answer=answer, draft=draft, feedback=feedback, path=path, failures=stages.failures, cost=stages.cost
+        )

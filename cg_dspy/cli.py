@@ -1,0 +1,214 @@
+"""The `contextguard` command. Thin: it parses arguments and calls the library.
+
+Exit status: 0 when every task finished, 1 when some task or input row failed,
+2 for unusable input or arguments, 130 when interrupted (rerun the same command to
+resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from cg_dspy import analysis, data, harness, judge
+from cg_dspy.lm import LMSettings, build_lm
+from cg_dspy.program import ABLATIONS
+from cg_dspy.store import ResultStore, read_rows
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+JUDGE_TEMPERATURE = 0.6
+
+
+def _add_lm_flags(p: argparse.ArgumentParser, prefix: str = "", role: str = "task") -> None:
+    env = "CG_JUDGE_" if prefix else "CG_"
+    p.add_argument(f"--{prefix}model", help=f"LiteLLM model string for the {role} LM (env {env}MODEL); "
+                   "default: the embedded local model")
+    p.add_argument(f"--{prefix}api-base", help=f"OpenAI-compatible endpoint URL (env {env}API_BASE)")
+    p.add_argument(f"--{prefix}temperature", type=float, help=f"sampling temperature (env {env}TEMPERATURE)")
+    p.add_argument(f"--{prefix}max-tokens", type=int, help=f"max output tokens per call (env {env}MAX_TOKENS)")
+
+
+def _lm_settings(args, prefix: str = "") -> LMSettings:
+    attr = prefix.replace("-", "_")
+    return LMSettings.from_env(
+        "CG_JUDGE_" if prefix else "CG_",
+        model=getattr(args, f"{attr}model"),
+        api_base=getattr(args, f"{attr}api_base"),
+        temperature=getattr(args, f"{attr}temperature"),
+        max_tokens=getattr(args, f"{attr}max_tokens"),
+        cache=not args.no_cache,
+    )
+
+
+def _shard(tasks, spec: str | None):
+    if not spec:
+        return tasks
+    i, n = (int(x) for x in spec.split("/"))
+    if not 0 <= i < n:
+        raise ValueError(f"--shard {spec}: need 0 <= i < n")
+    return [t for t in tasks if int(hashlib.sha256(t.idx.encode()).hexdigest(), 16) % n == i]
+
+
+def _load(source: str, strict: bool, shard: str | None):
+    """Tasks to run; bad rows are reported (and stop the run with --strict)."""
+    loaded = data.select(source, strict=strict)
+    for err in loaded.errors:
+        print(f"skipped {err}", file=sys.stderr)
+    return _shard(loaded.tasks, shard), loaded.errors
+
+
+def _print_summary(summary: dict, failed: list[tuple[str, str]], out: Path) -> None:
+    print(json.dumps(summary, indent=1))
+    for idx, reason in failed:
+        print(f"failed task {idx}: {reason}", file=sys.stderr)
+    if summary.get("interrupted"):
+        print(f"Stopped early. Rerun the same command to resume; finished rows are kept in {out}.", file=sys.stderr)
+
+
+def _status(outcome, input_errors) -> int:
+    if outcome.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if outcome.failed or input_errors else EXIT_OK
+
+
+def cmd_run(args) -> int:
+    tasks, errors = _load(args.tasks, args.strict, args.shard)
+    program = harness.build_program(args.method, args.ablate, args.max_rounds)
+    lm = build_lm(_lm_settings(args))
+    with ResultStore(args.out) as store:
+        outcome = harness.run(program, tasks, store, lm=lm, method=args.method, threads=args.threads,
+                              progress=not args.quiet)
+        _print_summary(harness.summarize(outcome, store), outcome.failed, Path(args.out))
+    return _status(outcome, errors)
+
+
+def cmd_eval(args) -> int:
+    rows = read_rows(args.results)
+    if not rows:
+        print(f"{args.results}: no result rows", file=sys.stderr)
+        return EXIT_USAGE
+    judge_lm = build_lm(_lm_settings(args, "judge-"), default_temperature=JUDGE_TEMPERATURE)
+    outcome, graded = judge.grade_file(rows, args.out, judge_lm=judge_lm, protocol=args.protocol, votes=args.votes,
+                                 early_stop=not args.no_early_stop, threads=args.threads, progress=not args.quiet)
+    summary = analysis.run_summary(graded)
+    print(json.dumps({k: summary[k] for k in ("tasks", "solved", "task_solving_rate", "near_miss")}, indent=1))
+    for idx, reason in outcome.failed:
+        print(f"failed to grade {idx}: {reason}", file=sys.stderr)
+    return _status(outcome, [])
+
+
+def cmd_report(args) -> int:
+    runs = {}
+    for path in args.graded:
+        rows = read_rows(path)
+        if not rows:
+            print(f"{path}: no graded rows", file=sys.stderr)
+            return EXIT_USAGE
+        runs[Path(path).name if Path(path).name not in runs else path] = rows
+    result = analysis.report(runs)
+    if args.plots:
+        from cg_dspy import plots
+
+        plots.write_all(result, args.plots)
+    print(json.dumps(result, indent=1) if args.format == "json" else analysis.to_markdown(result))
+    return EXIT_OK
+
+
+def cmd_bench(args) -> int:
+    from cg_dspy import bench
+
+    tasks, errors = _load(args.tasks, args.strict, args.shard)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        harness.build_program(m)  # fail fast on a bad name
+    code = bench.run_bench(
+        tasks, methods, Path(args.out_dir),
+        lm=build_lm(_lm_settings(args)),
+        judge_lm=build_lm(_lm_settings(args, "judge-"), default_temperature=JUDGE_TEMPERATURE),
+        votes=args.votes, protocol=args.protocol, threads=args.threads, progress=not args.quiet,
+    )
+    return EXIT_FAILED if errors and code == EXIT_OK else code
+
+
+def cmd_split(args) -> int:
+    loaded = data.load_tasks(args.tasks)
+    fractions = tuple(float(x) for x in args.fractions.split(","))
+    splits = data.make_splits(loaded.tasks, fractions, seed=args.seed)
+    data.write_manifest(args.out, splits, seed=args.seed, source=args.tasks)
+    print(json.dumps({k: len(v) for k, v in splits.items()}))
+    return EXIT_OK
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="contextguard", description="ContextGuard on CL-bench, in DSPy.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp, judge_flags=False, task_flags=True):
+        sp.add_argument("--threads", type=int, default=4, help="LM requests kept in flight (default 4)")
+        sp.add_argument("--no-cache", action="store_true", help="bypass DSPy's LM cache")
+        sp.add_argument("--quiet", action="store_true", help="no progress bar")
+        if task_flags:
+            _add_lm_flags(sp)
+        if judge_flags:
+            _add_lm_flags(sp, "judge-", "judge")
+            sp.add_argument("--votes", type=int, default=3, help="judge votes per requirement (K, default 3)")
+            sp.add_argument("--protocol", choices=judge.PROTOCOLS, default="rubric",
+                            help="rubric: one requirement per call, majority of K; joint: CL-bench's official")
+
+    r = sub.add_parser("run", help="generate answers for tasks with one method")
+    r.add_argument("tasks", help="CL-bench JSONL file, tencent/CL-bench[:split], or MANIFEST.json#split")
+    r.add_argument("--method", choices=harness.METHODS, default="contextguard")
+    r.add_argument("--ablate", nargs="*", choices=ABLATIONS, default=[], help="ContextGuard components to remove")
+    r.add_argument("--max-rounds", type=int, default=1, help="protected revision rounds (paper: 1)")
+    r.add_argument("--out", required=True, help="result JSONL (resumed if it exists)")
+    r.add_argument("--strict", action="store_true", help="stop before any LM call if any input row is bad")
+    r.add_argument("--shard", help="i/n: run only shard i of n (stable hash of task id)")
+    common(r)
+    r.set_defaults(fn=cmd_run)
+
+    e = sub.add_parser("eval", help="judge a result file with the rubric judge")
+    e.add_argument("results", help="result JSONL written by `run`")
+    e.add_argument("--out", required=True, help="graded JSONL (resumed if it exists)")
+    e.add_argument("--no-early-stop", action="store_true", help="always draw all K votes")
+    common(e, judge_flags=True, task_flags=False)
+    e.set_defaults(fn=cmd_eval)
+
+    rp = sub.add_parser("report", help="tables (and plots) from graded files")
+    rp.add_argument("graded", nargs="+", help="graded JSONL; with two files, the first is 'before'")
+    rp.add_argument("--format", choices=("markdown", "json"), default="markdown")
+    rp.add_argument("--plots", help="directory for PNG figures")
+    rp.set_defaults(fn=cmd_report)
+
+    b = sub.add_parser("bench", help="run and judge several methods, paired on the same drafts")
+    b.add_argument("tasks")
+    b.add_argument("--methods", default="baseline,self-refine,contextguard",
+                   help=f"comma-separated, from {','.join(harness.method_names())}")
+    b.add_argument("--out-dir", required=True)
+    b.add_argument("--strict", action="store_true")
+    b.add_argument("--shard")
+    common(b, judge_flags=True)
+    b.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("split", help="write a deterministic train/dev/test split manifest")
+    s.add_argument("tasks")
+    s.add_argument("--out", required=True)
+    s.add_argument("--fractions", default="0.2,0.2,0.6")
+    s.add_argument("--seed", default="cg-dspy-1")
+    s.set_defaults(fn=cmd_split)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (data.InvalidInput, FileNotFoundError, ValueError) as exc:
+        print(f"contextguard: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

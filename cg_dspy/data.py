@@ -1,0 +1,219 @@
+"""CL-bench loading, validation, splits and length bins.
+
+Rows come from a local JSONL file in CL-bench's format or from
+`datasets.load_dataset("tencent/CL-bench")` (any local cache or offline copy works).
+A bad row never stops the others: it becomes a `RowError` naming source, line, task id
+and field, and the caller decides whether to skip it or stop (`strict`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import pydantic
+
+from cg_dspy.schemas import CATEGORIES, Task
+
+HF_DATASET = "tencent/CL-bench"
+LENGTH_BINS = ("0-4K", "4-8K", "8-16K", "16-32K", "32K+")
+_BIN_EDGES = (4_000, 8_000, 16_000, 32_000)
+
+
+@dataclass(frozen=True)
+class RowError:
+    source: str
+    line: int
+    task_id: str | None
+    message: str
+
+    def __str__(self) -> str:
+        task = f" task {self.task_id}" if self.task_id else ""
+        return f"{self.source}:{self.line}:{task}: {self.message}"
+
+
+@dataclass
+class Loaded:
+    tasks: list[Task] = field(default_factory=list)
+    errors: list[RowError] = field(default_factory=list)
+
+
+class InvalidInput(ValueError):
+    """Raised in strict mode, before any LM call, listing every bad row."""
+
+    def __init__(self, errors: list[RowError]):
+        self.errors = errors
+        super().__init__("invalid input:\n" + "\n".join(str(e) for e in errors))
+
+
+def _task_id_of(row: object) -> str | None:
+    if isinstance(row, dict) and isinstance(row.get("metadata"), dict):
+        tid = row["metadata"].get("task_id")
+        return str(tid) if tid is not None else None
+    return None
+
+
+def _explain(exc: pydantic.ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "row"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def validate_rows(rows, source: str) -> Loaded:
+    """Validate (line, row) pairs into Tasks; duplicates and bad rows become errors."""
+    out = Loaded()
+    seen: set[str] = set()
+    for line, row in rows:
+        if isinstance(row, RowError):
+            out.errors.append(row)
+            continue
+        tid = _task_id_of(row)
+        try:
+            task = Task.model_validate(row)
+        except pydantic.ValidationError as exc:
+            out.errors.append(RowError(source, line, tid, _explain(exc)))
+            continue
+        if task.idx in seen:
+            out.errors.append(RowError(source, line, tid, "duplicate task_id"))
+            continue
+        seen.add(task.idx)
+        out.tasks.append(task)
+    return out
+
+
+def _jsonl_rows(path: Path):
+    with open(path, "rb") as fh:
+        for line, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield line, RowError(str(path), line, None, f"not UTF-8 (byte {exc.start})")
+                continue
+            try:
+                yield line, json.loads(text)
+            except json.JSONDecodeError as exc:
+                yield line, RowError(str(path), line, None, f"invalid JSON: {exc.msg} (column {exc.colno})")
+
+
+def _hub_rows(name: str, split: str):
+    import datasets  # heavy; only when the hub source is used
+
+    ds = datasets.load_dataset(name, split=split)
+    for i, row in enumerate(ds, start=1):
+        yield i, dict(row)
+
+
+def load_tasks(source: str | os.PathLike, *, strict: bool = False) -> Loaded:
+    """Load tasks from a JSONL path, or `tencent/CL-bench[:split]` via `datasets`."""
+    text = str(source)
+    path = Path(text)
+    if path.exists():
+        loaded = validate_rows(_jsonl_rows(path), str(path))
+    elif text.split(":")[0] == HF_DATASET:
+        name, _, split = text.partition(":")
+        loaded = validate_rows(_hub_rows(name, split or "train"), text)
+    else:
+        raise FileNotFoundError(f"no such task file: {text}")
+    if strict and loaded.errors:
+        raise InvalidInput(loaded.errors)
+    return loaded
+
+
+# --- lengths ---------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _encoding():
+    # tiktoken's cl100k_base ships inside litellm; point tiktoken at it so nothing is fetched.
+    if "TIKTOKEN_CACHE_DIR" not in os.environ:
+        import importlib.util
+
+        spec = importlib.util.find_spec("litellm")
+        if spec and spec.origin:
+            bundled = Path(spec.origin).parent / "litellm_core_utils" / "tokenizers"
+            if bundled.is_dir():
+                os.environ["TIKTOKEN_CACHE_DIR"] = str(bundled)
+    import tiktoken
+
+    return tiktoken.get_encoding("cl100k_base")
+
+
+def token_length(messages) -> int:
+    """Tokens (tiktoken cl100k_base) over all message contents, as the paper measures."""
+    enc = _encoding()
+    total = 0
+    for m in messages:
+        content = m["content"] if isinstance(m, dict) else m.content
+        total += len(enc.encode(content, disallowed_special=()))
+    return total
+
+
+def length_bin(tokens: int) -> str:
+    """Left-closed bins 0-4K, 4-8K, 8-16K, 16-32K, 32K+ (K = 1,000 tokens)."""
+    for edge, name in zip(_BIN_EDGES, LENGTH_BINS):
+        if tokens < edge:
+            return name
+    return LENGTH_BINS[-1]
+
+
+# --- splits ------------------------------------------------------------------------
+
+SPLIT_NAMES = ("train", "dev", "test")
+
+
+def _rank(seed: str, context_id: str) -> str:
+    return hashlib.sha256(f"{seed}:{context_id}".encode()).hexdigest()
+
+
+def make_splits(
+    tasks: list[Task], fractions: tuple[float, float, float] = (0.2, 0.2, 0.6), seed: str = "cg-dspy-1"
+) -> dict[str, list[str]]:
+    """Deterministic train/dev/test task ids, grouped by context_id, stratified by category.
+
+    Within each category, contexts are ordered by a stable hash and dealt out so each
+    split gets its fraction of that category's contexts; every task of a context goes
+    where its context goes. Anyone with the same rows and seed gets the same split.
+    """
+    if abs(sum(fractions) - 1.0) > 1e-9 or any(f < 0 for f in fractions):
+        raise ValueError("fractions must be non-negative and sum to 1")
+    contexts: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for t in tasks:
+        contexts[t.category][t.metadata.context_id].append(t.idx)
+    splits: dict[str, list[str]] = {name: [] for name in SPLIT_NAMES}
+    for category in sorted(contexts, key=lambda c: CATEGORIES.index(c) if c in CATEGORIES else 99):
+        ordered = sorted(contexts[category], key=lambda cid: _rank(seed, cid))
+        n = len(ordered)
+        bounds = [round(n * sum(fractions[: i + 1])) for i in range(3)]
+        start = 0
+        for name, end in zip(SPLIT_NAMES, bounds):
+            for cid in ordered[start:end]:
+                splits[name].extend(sorted(contexts[category][cid]))
+            start = end
+    return splits
+
+
+def write_manifest(path: str | os.PathLike, splits: dict[str, list[str]], *, seed: str, source: str) -> None:
+    """A split manifest: the task ids of each split, plus how they were made."""
+    body = {"source": source, "seed": seed, "splits": splits}
+    Path(path).write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
+
+
+def select(source: str, *, strict: bool = False) -> Loaded:
+    """`FILE`, `tencent/CL-bench`, or `MANIFEST.json#split` (tasks of one split)."""
+    if "#" in source and source.split("#")[0].endswith(".json"):
+        manifest_path, split = source.split("#", 1)
+        manifest = json.loads(Path(manifest_path).read_text(encoding="utf-8"))
+        ids = set(manifest["splits"][split])
+        loaded = load_tasks(manifest["source"], strict=strict)
+        loaded.tasks = [t for t in loaded.tasks if t.idx in ids]
+        return loaded
+    return load_tasks(source, strict=strict)

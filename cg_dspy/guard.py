@@ -1,0 +1,101 @@
+"""Revision guard (paper Appendix D): detect destructive edits, not grade the answer.
+
+Pure Python. The revision is rejected, and the draft kept, when any of three checks fires:
+excessive shortening, loss of protected concrete content, or structural degradation that
+no fix item asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from cg_dspy.schemas import GuardVerdict, PlanItem
+
+MIN_LENGTH_RATIO = 0.5
+
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?%?")
+_QUOTED = re.compile(r"\"([^\"\n]{2,120})\"|“([^”\n]{2,120})”|'([^'\n]{3,120})'")
+_LABEL = re.compile(r"(?m)(?:^#{1,6}\s*([^\n]{2,80})$|\b([A-Z][\w\- ]{1,40}):)")
+_FORMAT_WORDS = re.compile(
+    r"format|structure|json|table|list|bullet|heading|section|layout|order|number(ed|ing)",
+    re.IGNORECASE,
+)
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().casefold()
+
+
+def concrete_content(text: str) -> set[str]:
+    """Numbers, quoted strings, headings and labels named in a protected item."""
+    found = {m.group(0).rstrip(",") for m in _NUMBER.finditer(text)}
+    found |= {next(g for g in m.groups() if g) for m in _QUOTED.finditer(text)}
+    found |= {next(g for g in m.groups() if g) for m in _LABEL.finditer(text)}
+    return {_norm(f) for f in found if _norm(f)}
+
+
+def structure_of(text: str) -> dict[str, int]:
+    """Counts of the structures a required format usually takes."""
+    lines = [line.strip() for line in text.splitlines()]
+    return {
+        "json": int(_is_json(text)),
+        "table": sum(1 for line in lines if line.startswith("|") and line.count("|") >= 2),
+        "list": sum(1 for line in lines if re.match(r"^([-*•]|\d+[.)])\s+\S", line)),
+        "sections": sum(1 for line in lines if re.match(r"^(#{1,6}\s+\S|\*\*[^*]+\*\*:?$)", line)),
+    }
+
+
+def _is_json(text: str) -> bool:
+    body = text.strip()
+    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, re.DOTALL)
+    body = fenced.group(1) if fenced else body
+    if not body or body[0] not in "[{":
+        return False
+    try:
+        json.loads(body)
+    except ValueError:
+        return False
+    return True
+
+
+def _asks_for_format_change(fix_set: list[PlanItem]) -> bool:
+    return any(i.tag == "FORMAT-FAIL" or _FORMAT_WORDS.search(i.text) for i in fix_set)
+
+
+def revision_guard(
+    revised: str,
+    draft: str,
+    protect_set: list[PlanItem],
+    fix_set: list[PlanItem] = (),
+    *,
+    min_length_ratio: float = MIN_LENGTH_RATIO,
+) -> GuardVerdict:
+    """Pass or roll back a revision; every triggered condition is listed in `reasons`."""
+    reasons: list[str] = []
+    draft_len = len(_norm(draft))
+    ratio = len(_norm(revised)) / draft_len if draft_len else 1.0
+    if ratio < min_length_ratio:
+        reasons.append(f"excessive shortening: length ratio {ratio:.2f} < {min_length_ratio:.2f}")
+
+    draft_n, revised_n = _norm(draft), _norm(revised)
+    targeted = " ".join(_norm(i.text) for i in fix_set)
+    for item in protect_set:
+        lost = sorted(
+            piece
+            for piece in concrete_content(item.text)
+            if piece in draft_n and piece not in revised_n and piece not in targeted
+        )
+        if lost:
+            reasons.append(f"protected content lost from [{item.tag}]: {', '.join(lost)}")
+
+    if not _asks_for_format_change(list(fix_set)):
+        before, after = structure_of(draft), structure_of(revised)
+        if before["json"] and not after["json"]:
+            reasons.append("structural degradation: the draft is valid JSON, the revision is not")
+        for kind in ("table", "list", "sections"):
+            if before[kind] >= 2 and after[kind] < before[kind] / 2:
+                reasons.append(
+                    f"structural degradation: {kind} collapsed from {before[kind]} to {after[kind]} lines"
+                )
+    return GuardVerdict(passed=not reasons, reasons=reasons, length_ratio=round(ratio, 4))

@@ -1,0 +1,182 @@
+"""Every stage of ContextGuard as a dspy.Signature.
+
+The docstring of each signature is the stage instruction (after the paper's Prompts
+1-8); it is what an optimizer rewrites, and what a saved program stores. Every stage
+that reads the task gets the whole `conversation`, which `ConversationAdapter` renders
+as the leading, byte-identical part of the prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import dspy
+
+from cg_dspy.schemas import AuditItems, Message, SpecialistItems
+
+_CONVERSATION = "The task's whole conversation: system rules, context, earlier turns, final request."
+_PREVIOUS = "The answer to check, produced earlier for the final request."
+
+
+class Generate(dspy.Signature):
+    """Answer the final user request of the conversation."""
+
+    conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
+    answer: str = dspy.OutputField(desc="The answer to the final request.")
+
+
+class ReminderDraft(dspy.Signature):
+    """Before answering, re-read the system and context messages and follow every
+    instruction in them: constraints, role and persona, required format, and the
+    task-specific rules. The final task request is repeated below. Answer that final
+    request using only the provided context, and satisfy every stated requirement."""
+
+    conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
+    request: str = dspy.InputField(desc="The final task request, repeated as a reminder.")
+    answer: str = dspy.OutputField(desc="The answer to the final request.")
+
+
+class StructuredAudit(dspy.Signature):
+    """You are auditing your previous answer to a context-learning task. Compare it
+    carefully with the context, rules, constraints, data and the final request, and
+    sort what you find into four lists. Be specific: name concrete constraints, values,
+    steps or answer parts that can guide a revision, and quote exact numbers and labels.
+    - confirmed_correct: constraints, reasoning steps or answer parts that are correct
+      and must be preserved.
+    - confirmed_data: facts, values, rules or evidence from the context that the answer
+      uses correctly.
+    - possibly_missed: constraints, facts, requirements, cases, exceptions or output
+      elements that are missing or covered too thinly.
+    - possibly_wrong: reasoning, calculations, rule applications, conclusions or answer
+      parts that may be incorrect.
+    Apply the extra criteria too, when any are given. Leave a list empty when nothing
+    belongs in it."""
+
+    conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
+    previous_answer: str = dspy.InputField(desc=_PREVIOUS)
+    criteria: str = dspy.InputField(desc="Category-specific criteria to check as part of the audit.")
+    confirmed_correct: AuditItems = dspy.OutputField(desc="Q_A: correct parts to preserve.")
+    confirmed_data: AuditItems = dspy.OutputField(desc="Q_B: context data used correctly.")
+    possibly_missed: AuditItems = dspy.OutputField(desc="Q_C: missing or thin coverage.")
+    possibly_wrong: AuditItems = dspy.OutputField(desc="Q_D: possibly incorrect parts.")
+
+
+class FormatCheck(dspy.Signature):
+    """You are a format compliance checker. Your only job is to check whether the
+    previous answer follows the format, structure and presentation rules of the
+    conversation. Extract every such rule: output structure (bullets, numbered lists,
+    tables, sections, JSON, XML, schemas); required ordering or grouping; required
+    labels, headings, field names or tags; typography and presentation; length,
+    inclusion, exclusion and forbidden content. For each rule, state it and say how the
+    answer satisfies it (format_ok) or violates it (format_fail)."""
+
+    conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
+    previous_answer: str = dspy.InputField(desc=_PREVIOUS)
+    format_ok: SpecialistItems = dspy.OutputField(desc="Rule + how the answer satisfies it.")
+    format_fail: SpecialistItems = dspy.OutputField(desc="Rule + how the answer violates it.")
+
+
+class ProcedureCheck(dspy.Signature):
+    """You are a procedure compliance checker for a procedural task. Verify workflow
+    correctness, not writing quality. Check the previous answer against every
+    procedural requirement: the required step sequence; agent routing and hand-off
+    rules; dependency handling; gate checks and thresholds; timing constraints;
+    logging, reporting or evidence-recording duties; safety, refusal and escalation
+    rules. For each, state it and say how the answer satisfies it (proc_ok) or
+    violates it (proc_fail)."""
+
+    conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
+    previous_answer: str = dspy.InputField(desc=_PREVIOUS)
+    proc_ok: SpecialistItems = dspy.OutputField(desc="Procedural requirement + how it is satisfied.")
+    proc_fail: SpecialistItems = dspy.OutputField(desc="Procedural requirement + how it is violated.")
+
+
+class RulesCheck(dspy.Signature):
+    """You are a rule-fidelity checker. The task depends on applying the provided
+    rulebook or rule system faithfully. Check whether the previous answer applies the
+    rules correctly, paying special attention to exact definitions and terminology,
+    exceptions and boundary conditions, numerical or symbolic conditions, required
+    decision procedures, invented rules the context does not support, and rules
+    applied too strictly or too loosely. List correctly applied rules (rules_ok) and
+    misapplied, omitted or invented ones (rules_fail)."""
+
+    conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
+    previous_answer: str = dspy.InputField(desc=_PREVIOUS)
+    rules_ok: SpecialistItems = dspy.OutputField(desc="Rule or condition + how it is applied correctly.")
+    rules_fail: SpecialistItems = dspy.OutputField(desc="Rule + how it is misapplied, omitted or invented.")
+
+
+class EmpiricalCheck(dspy.Signature):
+    """You are an empirical consistency checker for a data, discovery or simulation
+    task. Check whether the previous answer is grounded in the provided data,
+    observations or simulation rules: numerical correctness, unit consistency,
+    comparison completeness, trend interpretation, coverage of every requested
+    condition, evidence for each empirical claim, and no over-generalisation. List
+    verified computations and grounded claims (empirical_ok) and issues
+    (empirical_issues), starting each issue with its type: numeric, comparison,
+    coverage, unit, trend or evidence."""
+
+    conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
+    previous_answer: str = dspy.InputField(desc=_PREVIOUS)
+    empirical_ok: SpecialistItems = dspy.OutputField(desc="Verified computation or grounded claim.")
+    empirical_issues: SpecialistItems = dspy.OutputField(desc="Issue type + the ungrounded or wrong claim.")
+
+
+class ProtectedRevision(dspy.Signature):
+    """Revise your previous answer using the audit feedback and specialist checks.
+    The fix set lists items that may be missing, incorrect or violated. The protection
+    set lists items confirmed correct or already satisfied: do not modify, delete,
+    contradict or weaken them. Rules: 1. fix only the issues in the fix set; 2. keep
+    all content in the protection set; 3. do not rewrite unrelated parts; 4. add no new
+    facts, rules, entities or constraints unless the context directly supports them;
+    5. keep the required output format and structure; 6. return only the revised
+    final answer."""
+
+    conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
+    previous_answer: str = dspy.InputField(desc="The draft to revise.")
+    fix_set: str = dspy.InputField(desc="Tagged items to fix.")
+    protect_set: str = dspy.InputField(desc="Tagged items to keep unchanged.")
+    revised_answer: str = dspy.OutputField(desc="The complete revised final answer.")
+
+
+class SelfFeedback(dspy.Signature):
+    """Review your previous answer to the final request of the conversation and give
+    concrete, actionable feedback on how to improve it."""
+
+    conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
+    previous_answer: str = dspy.InputField(desc=_PREVIOUS)
+    feedback: str = dspy.OutputField(desc="What to improve, point by point.")
+
+
+class SelfRefineRevision(dspy.Signature):
+    """Improve your previous answer to the final request using the feedback. Return
+    only the improved final answer."""
+
+    conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
+    previous_answer: str = dspy.InputField(desc=_PREVIOUS)
+    feedback: str = dspy.InputField(desc="Feedback on the previous answer.")
+    revised_answer: str = dspy.OutputField(desc="The complete improved final answer.")
+
+
+class JudgeRequirement(dspy.Signature):
+    """You are a rigorous instruction-following grading teacher. Grade the student
+    response against one specific requirement. Answer "yes" only if the response
+    clearly satisfies the requirement; otherwise answer "no"."""
+
+    response: str = dspy.InputField(desc="The student response to grade.")
+    requirement: str = dspy.InputField(desc="The one requirement to check.")
+    reason: str = dspy.OutputField(desc="A brief explanation of the decision.")
+    satisfaction_status: Literal["yes", "no"] = dspy.OutputField(desc="yes or no.")
+
+
+class JudgeAllRubrics(dspy.Signature):
+    """You are a rigorous instruction-following grading teacher. Grade the student
+    response against every requirement in the numbered list, in order. A requirement
+    gets "yes" only if the response clearly satisfies it; otherwise "no"."""
+
+    response: str = dspy.InputField(desc="The student response to grade.")
+    rubrics: str = dspy.InputField(desc="The numbered requirements.")
+    grading_rationale: str = dspy.OutputField(desc="A brief check of each requirement.")
+    requirement_status: list[Literal["yes", "no"]] = dspy.OutputField(
+        desc="One yes/no per requirement, in the given order."
+    )

@@ -1,0 +1,91 @@
+"""A scripted, deterministic LM for tests: a real DSPy engine behind `dspy.LM`.
+
+It sees exactly the messages DSPy sends (so adapters, parsing and caching run for
+real), works out which stage is asking from the stage instruction in the prompt, and
+answers from a script: a dict stage -> reply (JSON-able value or raw text), or a
+callable (stage, messages) -> reply.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+
+import dspy
+from dspy.lm15 import Message, Response, TextPart, Usage
+
+from cg_dspy import signatures as S
+
+STAGE_OF = {
+    S.ReminderDraft: "draft",
+    S.Generate: "generate",
+    S.StructuredAudit: "audit",
+    S.FormatCheck: "format",
+    S.ProcedureCheck: "procedure",
+    S.RulesCheck: "rules",
+    S.EmpiricalCheck: "empirical",
+    S.ProtectedRevision: "revise",
+    S.SelfFeedback: "feedback",
+    S.SelfRefineRevision: "refine",
+    S.JudgeRequirement: "judge",
+    S.JudgeAllRubrics: "joint",
+}
+
+
+def stage_of(messages: list[dict]) -> str:
+    text = "\n".join(m["content"] for m in messages)
+    for sig, name in STAGE_OF.items():
+        if sig.instructions.strip()[:60] in text:
+            return name
+    return "unknown"
+
+
+@dataclass
+class Call:
+    stage: str
+    messages: list[dict]
+    temperature: float | None
+
+
+class ScriptedEngine:
+    supports_response_schema = True
+    supported_params = frozenset({"temperature", "max_tokens", "response_format", "seed"})
+
+    def __init__(self, script):
+        self.script = script
+        self.calls: list[Call] = []
+        self._lock = threading.Lock()
+
+    def complete(self, request):
+        messages = []
+        if request.system:
+            system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system)
+            messages.append({"role": "system", "content": system})
+        messages += [{"role": m.role, "content": m.text or ""} for m in request.messages]
+        stage = stage_of(messages)
+        with self._lock:
+            self.calls.append(Call(stage, messages, request.config.temperature))
+        reply = self.script(stage, messages) if callable(self.script) else self.script.get(stage, {})
+        text = reply if isinstance(reply, str) else json.dumps(reply)
+        return Response(id=None, model="scripted", message=Message.assistant([TextPart(text)]),
+                        finish_reason="stop", usage=Usage(input_tokens=len(str(messages)) // 4,
+                                                          output_tokens=len(text) // 4))
+
+    def stream(self, request):
+        from dspy.lm15 import response_to_events
+
+        return response_to_events(self.complete(request))
+
+    def close(self):
+        pass
+
+    def stages(self) -> list[str]:
+        return [c.stage for c in self.calls]
+
+
+def scripted_lm(script, **kwargs) -> tuple[dspy.LM, ScriptedEngine]:
+    engine = ScriptedEngine(script)
+    lm = dspy.LM("scripted/test", engine=engine, cache=kwargs.pop("cache", False), num_retries=0,
+                 temperature=kwargs.pop("temperature", 0.0), max_tokens=256, **kwargs)
+    return lm, engine
