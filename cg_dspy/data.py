@@ -113,13 +113,14 @@ def _hub_rows(name: str, split: str):
 
 
 def load_tasks(source: str | os.PathLike, *, strict: bool = False) -> Loaded:
-    """Load tasks from a JSONL path, or `tencent/CL-bench[:split]` via `datasets`."""
+    """Load tasks from a JSONL file, or `tencent/CL-bench[:split]` (or a dataset folder)
+    through `datasets.load_dataset`."""
     text = str(source)
-    path = Path(text)
-    if path.exists():
-        loaded = validate_rows(_jsonl_rows(path), str(path))
-    elif text.split(":")[0] == HF_DATASET:
-        name, _, split = text.partition(":")
+    name, _, split = text.partition(":")
+    if Path(text).is_file():
+        loaded = validate_rows(_jsonl_rows(Path(text)), text)
+    elif name == HF_DATASET or Path(name).is_dir():
+        # A local folder named like the dataset (or the HF cache) serves offline.
         loaded = validate_rows(_hub_rows(name, split or "train"), text)
     else:
         raise FileNotFoundError(f"no such task file: {text}")

@@ -34,9 +34,9 @@ STAGE_OF = {
 
 
 def stage_of(messages: list[dict]) -> str:
-    text = "\n".join(m["content"] for m in messages)
+    text = " ".join("\n".join(m["content"] for m in messages).split())
     for sig, name in STAGE_OF.items():
-        if sig.instructions.strip()[:60] in text:
+        if " ".join(sig.instructions.split()) in text:
             return name
     return "unknown"
 

@@ -1,0 +1,34 @@
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "data"
+SHARED = ROOT.parent / "shared" / "clbench"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_dspy_cache(tmp_path, monkeypatch):
+    """Each test starts with DSPy's caches empty, so call counts mean what they say."""
+    import dspy
+
+    dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=True)
+    dspy.cache.reset_memory_cache()
+    yield
+
+
+@pytest.fixture
+def tasks():
+    from cg_dspy.data import load_tasks
+
+    return {t.idx: t for t in load_tasks(DATA / "tasks.jsonl").tasks}
+
+
+def shared_file(name: str) -> Path:
+    path = SHARED / name
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    return path

@@ -1,0 +1,130 @@
+import json
+
+import pytest
+from conftest import shared_file
+
+from cg_dspy import analysis
+from cg_dspy.data import length_bin
+
+
+def row(idx, cat, sub, status, rubrics=None, votes=None):
+    r = {"idx": idx, "messages": [{"role": "user", "content": "short"}],
+         "rubrics": rubrics or [f"The response should mention item {i}." for i in range(len(status))],
+         "metadata": {"task_id": idx, "context_id": f"c-{idx}", "context_category": cat, "sub_category": sub},
+         "requirement_status": status, "score": int(all(s == "yes" for s in status))}
+    if votes is not None:
+        r["votes"] = votes
+    return r
+
+
+D, R = "Domain Knowledge Reasoning", "Rule System Application"
+BEFORE = [
+    row("t1", D, "Science", ["yes", "yes"]),
+    row("t2", D, "Finance", ["yes", "no", "yes"]),
+    row("t3", R, "Game Mechanics", ["no", "no", "yes", "no"]),
+    row("t4", R, "Game Mechanics", ["no"] * 10),
+]
+AFTER = [
+    row("t1", D, "Science", ["yes", "no"]),
+    row("t2", D, "Finance", ["yes", "yes", "yes"]),
+    row("t3", R, "Game Mechanics", ["yes", "no", "yes", "yes"]),
+]  # t4 missing: counts as unsolved with every requirement unsatisfied
+
+
+def test_run_summary_matches_hand_counts():
+    s = analysis.run_summary(BEFORE)
+    assert (s["tasks"], s["solved"], s["task_solving_rate"]) == (4, 1, 25.0)
+    assert s["by_category"] == {D: {"tasks": 2, "solved": 1, "task_solving_rate": 50.0},
+                                R: {"tasks": 2, "solved": 0, "task_solving_rate": 0.0}}
+    assert s["by_sub_category"]["Game Mechanics"] == {"tasks": 2, "solved": 0, "task_solving_rate": 0.0,
+                                                      "category": R}
+    assert s["by_length_bin"] == {"0-4K": {"tasks": 4, "solved": 1, "task_solving_rate": 25.0}}
+    assert s["near_miss"] == {"0": 1, "1": 1, "2-3": 1, "4-8": 0, ">8": 1}
+
+
+def test_comparison_matches_hand_counts():
+    c = analysis.compare(BEFORE, AFTER)
+    assert c["migration"]["0"] == {"0": 0, "1": 1, "2-3": 0, "4-8": 0, ">8": 0}
+    assert c["migration"]["1"]["0"] == 1
+    assert c["migration"]["2-3"]["1"] == 1
+    assert c["migration"][">8"][">8"] == 1
+    assert sum(sum(r.values()) for r in c["migration"].values()) == 4
+    assert (c["newly_solved"], c["broken_solved"], c["preserved_solved"], c["net_solved_gain"]) == (1, 1, 0, 0)
+    # 19 requirements; before satisfied 5; repairs 3, regressions 1, changes 4
+    assert c["change_rate"] == 21.05
+    assert c["repair_probability"] == 21.43
+    assert c["regression_risk"] == 20.0
+    assert c["positive_change_precision"] == 75.0
+    assert c["benefit_risk_ratio"] == 1.07
+    assert c["net_requirement_gain"] == 10.53
+
+
+def test_rubric_types_and_task_averaged_failure_rates():
+    assert analysis.rubric_type("The response should be formatted as exactly three bullet points.") == "format/lexical"
+    assert analysis.rubric_type("The response should route the ticket to the Tech agent.") == "procedure/agent"
+    assert analysis.rubric_type("The response should compute the weekday average.") == "calc/verify/standards"
+    assert analysis.rubric_type("The response should state the badge is exempt unless parked in blue.") == \
+        "conditional rules"
+    assert analysis.rubric_type("The response should use a friendly tone for a teenager.") == \
+        "style/audience/persona"
+    assert analysis.rubric_type("The response should be good.") is None
+    rows = [
+        row("a", D, "x", ["no", "yes", "no"],
+            ["Use bullet points.", "Compute the total cost.", "Use a friendly tone."]),
+        row("b", D, "x", ["yes", "no"], ["Format the answer as a table.", "Use a heading."]),
+    ]
+    assert analysis.rubric_type_failure(rows) == {
+        "format/lexical": 75.0, "procedure/agent": None, "calc/verify/standards": 0.0,
+        "conditional rules": None, "style/audience/persona": 100.0}
+
+
+def test_judge_stability_uses_only_full_k_votes():
+    rows = [
+        row("a", D, "x", ["yes", "yes"], votes=[["yes", "yes", "yes"], ["yes", "no", "yes"]]),
+        row("b", D, "x", ["no"], votes=[["no", "no"]]),
+    ]
+    s = analysis.judge_stability(rows)
+    assert s["votes"] == 3
+    assert s["requirement"] == {"instances": 2, "single_vote_agreement": 66.67, "majority_vote_agreement": 83.33}
+    assert s["task"] == {"instances": 1, "single_vote_agreement": 33.33, "majority_vote_agreement": 66.67}
+    assert analysis.judge_stability(BEFORE) is None
+
+
+def test_report_has_exactly_the_documented_keys():
+    rep = analysis.report({"before.jsonl": BEFORE, "after.jsonl": AFTER})
+    assert set(rep) == {"runs", "comparison"}
+    assert set(rep["runs"]["before.jsonl"]) == {"tasks", "solved", "task_solving_rate", "by_category",
+                                                "by_sub_category", "by_length_bin", "near_miss",
+                                                "rubric_type_failure"}
+    assert set(rep["comparison"]) == {"migration", "newly_solved", "broken_solved", "preserved_solved",
+                                      "net_solved_gain", "change_rate", "repair_probability", "regression_risk",
+                                      "positive_change_precision", "benefit_risk_ratio", "net_requirement_gain"}
+    md = analysis.to_markdown(rep)
+    assert "| before.jsonl | 4 | 1 | 25.00 |" in md and "### Migration" in md
+
+
+@pytest.mark.parametrize("tokens, name", [(0, "0-4K"), (3999, "0-4K"), (4000, "4-8K"), (8000, "8-16K"),
+                                          (31999, "16-32K"), (32000, "32K+"), (65000, "32K+")])
+def test_length_bins_are_left_closed(tokens, name):
+    assert length_bin(tokens) == name
+
+
+def test_official_graded_sample_reports_true_rate(capsys):
+    from cg_dspy.cli import main
+
+    path = shared_file("graded_sample.jsonl")
+    assert main(["report", str(path), "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    run = rep["runs"]["graded_sample.jsonl"]
+    assert (run["tasks"], run["solved"], run["task_solving_rate"]) == (8, 1, 12.5)
+    assert run["near_miss"] == {"0": 1, "1": 3, "2-3": 2, "4-8": 2, ">8": 0}
+    assert sum(c["tasks"] for c in run["by_length_bin"].values()) == 8
+    assert "judge_stability" not in rep
+
+
+def test_plots_are_written(tmp_path):
+    from cg_dspy import plots
+
+    written = plots.write_all(analysis.report({"before.jsonl": BEFORE, "after.jsonl": AFTER}), tmp_path)
+    assert [p.name for p in written] == ["tsr_by_sub_category.png", "tsr_by_length.png", "migration.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000 for p in written)
