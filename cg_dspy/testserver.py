@@ -1,0 +1,159 @@
+"""A small OpenAI-compatible chat-completions server for tests and benchmarks.
+
+The project talks to it exactly as to vLLM: LiteLLM, `--model openai/<name>
+--api-base http://127.0.0.1:PORT/v1`. It answers deterministically from the prompt
+(the JSON keys a stage asks for), can wait a fixed latency per request, and injects
+faults on command: delays, HTTP errors with Retry-After, connection resets, empty or
+non-JSON content, context-length errors. Loopback only; stops with the test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+_KEY_LINE = re.compile(r'^- "(\w+)": (.*)$', re.MULTILINE)
+_JSON_FIELDS = re.compile(r"`(\w+)`")
+
+
+@dataclass
+class Fault:
+    """One injected fault, used by the next request(s) it matches."""
+
+    kind: str  # "status" | "delay" | "reset" | "empty" | "text" | "context_length"
+    status: int = 500
+    seconds: float = 0.0
+    text: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    times: int = 1
+    match: str = ""  # only requests whose prompt contains this
+
+
+def default_reply(messages: list[dict]) -> str:
+    """A valid answer for whichever stage asked: every requested key, a plain value."""
+    text = "\n".join(m.get("content") or "" for m in messages)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    if "satisfaction_status" in text:
+        return json.dumps({"reason": "The requirement is addressed.", "satisfaction_status": "yes"})
+    keys = _KEY_LINE.findall(text.split("=====")[-1])
+    if not keys:
+        fields = _JSON_FIELDS.findall(messages[-1].get("content") or "")
+        keys = [(f, "string") for f in fields] or [("answer", "string")]
+    out = {}
+    for name, shape in keys:
+        out[name] = [] if shape.startswith("list of") else f"Answer {digest}: all requirements addressed."
+    return json.dumps(out)
+
+
+class ChatServer:
+    """Start with `with ChatServer() as server:`; `server.base_url` ends in /v1."""
+
+    def __init__(self, reply: Callable[[list[dict]], str] = default_reply, latency: float = 0.0,
+                 model_context: int = 32_768):
+        self.reply = reply
+        self.latency = latency
+        self.model_context = model_context
+        self.faults: list[Fault] = []
+        self.requests: list[dict] = []
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    def __enter__(self) -> ChatServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def inject(self, kind: str, **kwargs) -> None:
+        with self._lock:
+            self.faults.append(Fault(kind, **kwargs))
+
+    def _take_fault(self, prompt: str) -> Fault | None:
+        with self._lock:
+            for fault in self.faults:
+                if fault.match in prompt:
+                    fault.times -= 1
+                    if fault.times <= 0:
+                        self.faults.remove(fault)
+                    return fault
+        return None
+
+    def _handler(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_GET(self):  # /v1/models, for clients that probe
+                self._json(200, {"object": "list", "data": [{"id": "test-model", "object": "model"}]})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                messages = body.get("messages") or []
+                prompt = "\n".join(m.get("content") or "" for m in messages if isinstance(m.get("content"), str))
+                with server._lock:
+                    server.requests.append(body)
+                if server.latency:
+                    time.sleep(server.latency)
+                fault = server._take_fault(prompt)
+                content = None
+                if fault is not None:
+                    if fault.kind == "delay":
+                        time.sleep(fault.seconds)
+                    elif fault.kind == "status":
+                        return self._json(fault.status, {"error": {"message": f"injected {fault.status}",
+                                                                   "type": "server_error"}}, fault.headers)
+                    elif fault.kind == "reset":
+                        self.connection.shutdown(2)
+                        self.close_connection = True
+                        return None
+                    elif fault.kind == "context_length":
+                        return self._json(400, {"error": {
+                            "message": f"This model's maximum context length is {server.model_context} tokens. "
+                                       "However, your messages resulted in more tokens.",
+                            "type": "invalid_request_error", "param": "messages",
+                            "code": "context_length_exceeded"}})
+                    elif fault.kind == "empty":
+                        content = ""
+                    elif fault.kind == "text":
+                        content = fault.text
+                if content is None:
+                    content = server.reply(messages)
+                words = len(prompt.split())
+                self._json(200, {
+                    "id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()),
+                    "model": body.get("model", "test-model"),
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": content}}],
+                    "usage": {"prompt_tokens": words, "completion_tokens": len(content.split()),
+                              "total_tokens": words + len(content.split())},
+                })
+
+            def _json(self, status: int, payload: dict, headers: dict | None = None):
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler

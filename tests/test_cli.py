@@ -1,0 +1,119 @@
+"""The `contextguard` command end to end, against a real HTTP server on 127.0.0.1."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import DATA
+
+from cg_dspy.store import read_rows
+from cg_dspy.testserver import ChatServer
+
+
+def cli(*args, env=None, timeout=120):
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "cg_dspy.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def remote(server):
+    return ["--model", "openai/test-model", "--api-base", server.base_url, "--no-cache", "--quiet"]
+
+
+def judge_remote(server):
+    return ["--judge-model", "openai/test-model", "--judge-api-base", server.base_url]
+
+
+def test_run_eval_report_against_an_openai_compatible_server(tmp_path):
+    out, graded = tmp_path / "out.jsonl", tmp_path / "graded.jsonl"
+    with ChatServer() as server:
+        r = cli("run", str(DATA / "demo.jsonl"), "--method", "contextguard", "--out", str(out), *remote(server))
+        assert r.returncode == 0, r.stderr
+        summary = json.loads(r.stdout)
+        assert summary["finished"] == 4 and summary["failed"] == 0
+        assert summary["lm_calls"] == len(server.requests) == 10  # draft+audit(+format/procedure checker) each
+        rows = read_rows(out)
+        assert sorted(r["idx"] for r in rows) == ["demo-dk-1", "demo-ed-1", "demo-pt-1", "demo-rs-1"]
+        for row in rows:
+            assert set(row) >= {"idx", "messages", "model_output", "rubrics", "metadata", "trace"}
+            assert row["trace"]["path"] == "early-return" and row["model_output"] == row["trace"]["draft"]
+            assert "audit" in row["trace"] and "cost" in row["trace"]
+        r = cli("eval", str(out), "--out", str(graded), "--votes", "3", *judge_remote(server), "--no-cache",
+                "--quiet")
+        assert r.returncode == 0, r.stderr
+        g = read_rows(graded)
+        assert len(g) == 4 and all(x["score"] == 1 and set(x["requirement_status"]) == {"yes"} for x in g)
+        assert all(len(v) == 2 for x in g for v in x["votes"])  # 2 agreeing votes decide K=3
+    r = cli("report", str(graded), "--format", "json", "--plots", str(tmp_path / "plots"))
+    rep = json.loads(r.stdout)
+    assert rep["runs"]["graded.jsonl"]["task_solving_rate"] == 100.0
+    assert (tmp_path / "plots" / "tsr_by_length.png").exists()
+
+
+def test_failed_task_is_recorded_others_finish_and_rerun_retries_it(tmp_path):
+    out = tmp_path / "out.jsonl"
+    with ChatServer() as server:
+        server.inject("context_length", match="Quillstone", times=100)
+        r = cli("run", str(DATA / "demo.jsonl"), "--out", str(out), *remote(server))
+        assert r.returncode == 1
+        assert "failed task demo-rs-1" in r.stderr and "context" in r.stderr.lower()
+        rows = read_rows(out)
+        assert sorted((x["idx"], bool(x.get("error"))) for x in rows) == [
+            ("demo-dk-1", False), ("demo-ed-1", False), ("demo-pt-1", False), ("demo-rs-1", True)]
+        server.faults.clear()
+        before = len(server.requests)
+        r = cli("run", str(DATA / "demo.jsonl"), "--out", str(out), *remote(server))
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["resumed"] == 3
+        assert len(server.requests) - before == 2  # only the failed task ran again
+    rows = read_rows(out)
+    assert len(rows) == 4 and len({x["idx"] for x in rows}) == 4 and not any(x.get("error") for x in rows)
+
+
+def test_bad_rows_are_skipped_and_reported_and_strict_stops_before_any_call(tmp_path):
+    good = (DATA / "demo.jsonl").read_text().splitlines()
+    bad = tmp_path / "mixed.jsonl"
+    bad.write_text("\n".join([good[0], "{broken", good[1]]) + "\n")
+    with ChatServer() as server:
+        r = cli("run", str(bad), "--out", str(tmp_path / "o.jsonl"), *remote(server))
+        assert r.returncode == 1
+        assert f"{bad}:2:" in r.stderr and "invalid JSON" in r.stderr
+        assert len(read_rows(tmp_path / "o.jsonl")) == 2
+        n = len(server.requests)
+        r = cli("run", str(bad), "--strict", "--out", str(tmp_path / "s.jsonl"), *remote(server))
+        assert r.returncode == 2 and "invalid input" in r.stderr
+        assert len(server.requests) == n and not (tmp_path / "s.jsonl").exists()
+
+
+def test_sigkill_mid_run_then_rerun_leaves_every_task_exactly_once(tmp_path):
+    out = tmp_path / "out.jsonl"
+    with ChatServer(latency=0.15) as server:
+        args = ["run", str(DATA / "tasks.jsonl"), "--out", str(out), "--threads", "2", *remote(server)]
+        proc = subprocess.Popen([sys.executable, "-m", "cg_dspy.cli", *args], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        while time.time() < deadline and len(read_rows(out)) < 4:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        partial = read_rows(out)
+        assert 4 <= len(partial) < 13
+        r = cli("run", *args[1:])
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["resumed"] == len({x["idx"] for x in partial})
+    raw = out.read_bytes().splitlines()
+    rows = [json.loads(x) for x in raw]  # every line is valid JSON
+    assert len(rows) == 13 and len({x["idx"] for x in rows}) == 13
+
+
+@pytest.mark.parametrize("method, calls", [("baseline", 4), ("self-refine", 12)])
+def test_baseline_methods_run_from_the_cli(tmp_path, method, calls):
+    with ChatServer() as server:
+        r = cli("run", str(DATA / "demo.jsonl"), "--method", method, "--out", str(tmp_path / "o.jsonl"),
+                *remote(server))
+        assert r.returncode == 0, r.stderr
+        assert len(server.requests) == calls
