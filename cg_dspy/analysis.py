@@ -298,3 +298,17 @@ def to_markdown(result: dict) -> str:
                           [[lvl, s[lvl]["instances"], s[lvl]["single_vote_agreement"],
                             s[lvl]["majority_vote_agreement"]] for lvl in ("requirement", "task")]))
     return "\n".join(out) + "\n"
+
+
+def compare_markdown(result: dict) -> str:
+    """`contextguard compare` as Markdown: runs side by side, then instruction diffs."""
+    runs = result["runs"]
+    metric_names = sorted({m for r in runs for m in r["metrics"]})
+    keys = ("optimizer", "budget", "method", "task_lm.model", "judge_lm.model")
+    rows = [[r["run_id"][:8], r["name"], r["kind"], *(r["params"].get(k, "") for k in keys),
+             *(r["metrics"].get(m) for m in metric_names)] for r in runs]
+    out = ["## Runs\n", _table(["run", "name", "kind", *keys, *metric_names], rows)]
+    for name, diff in result.get("instruction_diff", {}).items():
+        out.append(f"\n### {name}: instruction diff ({' -> '.join(i[:8] for i in result['diffed'])})\n")
+        out.append("```diff\n" + (diff or "(unchanged)") + "\n```")
+    return "\n".join(out) + "\n"

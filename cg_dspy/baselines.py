@@ -21,10 +21,18 @@ class Baseline(dspy.Module):
         super().__init__()
         self.generate = dspy.Predict(Generate)
 
+    def config(self) -> dict:
+        return {"method": "baseline"}
+
+    def dump_state(self, *args, **kwargs):
+        return {**super().dump_state(*args, **kwargs), "cg_dspy": self.config()}
+
     def forward(self, conversation, category: str | None = None, draft: str | None = None) -> dspy.Prediction:
         stages = Stages()
         if draft is None:
-            draft = stages.run("draft", self.generate, conversation=as_conversation(conversation)).answer
+            draft = stages.run(
+                "draft", self.generate, raw_text_ok=True, conversation=as_conversation(conversation)
+            ).answer
         return dspy.Prediction(answer=draft, draft=draft, path="draft", failures=stages.failures, cost=stages.cost)
 
 
@@ -37,11 +45,17 @@ class SelfRefine(dspy.Module):
         self.feedback = dspy.Predict(SelfFeedback)
         self.refine = dspy.Predict(SelfRefineRevision)
 
+    def config(self) -> dict:
+        return {"method": "self-refine"}
+
+    def dump_state(self, *args, **kwargs):
+        return {**super().dump_state(*args, **kwargs), "cg_dspy": self.config()}
+
     def forward(self, conversation, category: str | None = None, draft: str | None = None) -> dspy.Prediction:
         conversation = as_conversation(conversation)
         stages = Stages()
         if draft is None:
-            draft = stages.run("draft", self.generate, conversation=conversation).answer
+            draft = stages.run("draft", self.generate, raw_text_ok=True, conversation=conversation).answer
         answer, feedback, path = draft, None, "revised"
         try:
             feedback = stages.run("feedback", self.feedback, conversation=conversation, previous_answer=draft).feedback

@@ -76,7 +76,12 @@ def _status(outcome, input_errors) -> int:
 
 def cmd_run(args) -> int:
     tasks, errors = _load(args.tasks, args.strict, args.shard)
-    program = harness.build_program(args.method, args.ablate, args.max_rounds)
+    if args.program:
+        from cg_dspy.saved import load_program
+
+        program = load_program(args.program)
+    else:
+        program = harness.build_program(args.method, args.ablate, args.max_rounds)
     lm = build_lm(_lm_settings(args))
     with ResultStore(args.out) as store:
         outcome = harness.run(program, tasks, store, lm=lm, method=args.method, threads=args.threads,
@@ -94,10 +99,23 @@ def cmd_eval(args) -> int:
     outcome, graded = judge.grade_file(rows, args.out, judge_lm=judge_lm, protocol=args.protocol, votes=args.votes,
                                  early_stop=not args.no_early_stop, threads=args.threads, progress=not args.quiet)
     summary = analysis.run_summary(graded)
+    if not args.no_track:
+        _track_eval(args, graded, summary)
     print(json.dumps({k: summary[k] for k in ("tasks", "solved", "task_solving_rate", "near_miss")}, indent=1))
     for idx, reason in outcome.failed:
         print(f"failed to grade {idx}: {reason}", file=sys.stderr)
     return _status(outcome, [])
+
+
+def _track_eval(args, graded: list[dict], summary: dict) -> None:
+    from cg_dspy import tracking
+
+    tracking.setup(args.tracking_uri, args.experiment)
+    params = {"results": args.results, "protocol": args.protocol, "votes": args.votes,
+              "early_stop": not args.no_early_stop, "judge_lm": _lm_settings(args, "judge-").describe()}
+    with tracking.run(f"eval-{Path(args.results).stem}", kind="eval", params=params):
+        tracking.log_summary(summary, prefix="")
+        tracking.log_text(analysis.to_markdown(analysis.report({Path(args.out).name: graded})), "report.md")
 
 
 def cmd_report(args) -> int:
@@ -124,13 +142,72 @@ def cmd_bench(args) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         harness.build_program(m)  # fail fast on a bad name
-    code = bench.run_bench(
-        tasks, methods, Path(args.out_dir),
-        lm=build_lm(_lm_settings(args)),
-        judge_lm=build_lm(_lm_settings(args, "judge-"), default_temperature=JUDGE_TEMPERATURE),
-        votes=args.votes, protocol=args.protocol, threads=args.threads, progress=not args.quiet,
-    )
+    def go():
+        return bench.run_bench(
+            tasks, methods, Path(args.out_dir),
+            lm=build_lm(_lm_settings(args)),
+            judge_lm=build_lm(_lm_settings(args, "judge-"), default_temperature=JUDGE_TEMPERATURE),
+            votes=args.votes, protocol=args.protocol, threads=args.threads, progress=not args.quiet,
+        )
+
+    if args.no_track:
+        code = go()
+    else:
+        from cg_dspy import tracking
+
+        tracking.setup(args.tracking_uri, args.experiment)
+        params = {"tasks": args.tasks, "task_count": len(tasks), "methods": methods, "protocol": args.protocol,
+                  "votes": args.votes, "task_lm": _lm_settings(args).describe(),
+                  "judge_lm": _lm_settings(args, "judge-").describe()}
+        with tracking.run(f"bench-{Path(args.out_dir).name}", kind="bench", params=params):
+            code = go()
+            report = json.loads((Path(args.out_dir) / "report.json").read_text(encoding="utf-8"))
+            for name, summary in report["runs"].items():
+                tracking.log_summary(summary, prefix=f"{name}.")
+            tracking.log_artifacts(args.out_dir, "bench")
     return EXIT_FAILED if errors and code == EXIT_OK else code
+
+
+def cmd_optimize(args) -> int:
+    import optimize
+    from cg_dspy import tracking
+
+    train, train_errors = _load(args.train, args.strict, None)
+    dev, dev_errors = _load(args.dev, args.strict, None)
+    if not train or not dev:
+        print("contextguard: --train and --dev need at least one valid task each", file=sys.stderr)
+        return EXIT_USAGE
+    task_settings, judge_settings = _lm_settings(args), _lm_settings(args, "judge-")
+    reflection = None
+    if args.reflection_model:
+        reflection = build_lm(LMSettings(model=args.reflection_model, api_base=args.reflection_api_base,
+                                         temperature=1.0, max_tokens=4000, cache=not args.no_cache))
+    if not args.no_track:
+        tracking.setup(args.tracking_uri, args.experiment)
+    result = optimize.optimize(
+        optimizer=args.optimizer, train=train, dev=dev, budget=args.budget,
+        task_lm=build_lm(task_settings),
+        judge_lm=build_lm(judge_settings, default_temperature=JUDGE_TEMPERATURE),
+        reflection_lm=reflection, method=args.method, ablate=tuple(args.ablate), tunable=tuple(args.tunable),
+        threads=args.threads, out=args.out, track=not args.no_track,
+        params={"task_lm": task_settings.describe(), "judge_lm": judge_settings.describe(),
+                "train": args.train, "dev": args.dev},
+    )
+    print(json.dumps({"dev_before": result.dev_before, "dev_after": result.dev_after, "program": args.out,
+                      "mlflow_run": result.run_id, "judge_calls": result.judge_calls}, indent=1))
+    return EXIT_FAILED if train_errors or dev_errors else EXIT_OK
+
+
+def cmd_compare(args) -> int:
+    from cg_dspy import tracking
+
+    tracking.setup(args.tracking_uri, args.experiment)
+    result = tracking.compare(args.experiment, args.runs)
+    if args.format == "json":
+        print(json.dumps(result, indent=1))
+        return EXIT_OK
+    print(analysis.compare_markdown(result))
+    return EXIT_OK
 
 
 def cmd_split(args) -> int:
@@ -166,6 +243,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, help="result JSONL (resumed if it exists)")
     r.add_argument("--strict", action="store_true", help="stop before any LM call if any input row is bad")
     r.add_argument("--shard", help="i/n: run only shard i of n (stable hash of task id)")
+    r.add_argument("--program", help="a compiled program: JSON file or MLflow URI (runs:/ID)")
     common(r)
     r.set_defaults(fn=cmd_run)
 
@@ -191,6 +269,37 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--shard")
     common(b, judge_flags=True)
     b.set_defaults(fn=cmd_bench)
+
+    def tracked(sp):
+        sp.add_argument("--experiment", default="contextguard", help="MLflow experiment (default contextguard)")
+        sp.add_argument("--tracking-uri", help="MLflow store (env MLFLOW_TRACKING_URI; default sqlite:///mlflow.db)")
+        sp.add_argument("--no-track", action="store_true", help="do not log an MLflow run")
+
+    tracked(e)
+    tracked(b)
+
+    o = sub.add_parser("optimize", help="compile ContextGuard with a DSPy optimizer, tracked in MLflow")
+    o.add_argument("--optimizer", required=True, choices=("mipro", "gepa", "simba", "bootstrap"))
+    o.add_argument("--train", required=True, help="tasks: JSONL file, tencent/CL-bench, or MANIFEST.json#train")
+    o.add_argument("--dev", required=True, help="tasks for scoring candidates and the result")
+    o.add_argument("--budget", choices=("light", "medium", "heavy"), default="light")
+    o.add_argument("--out", required=True, help="compiled program (JSON state)")
+    o.add_argument("--method", default="contextguard", choices=harness.METHODS)
+    o.add_argument("--ablate", nargs="*", choices=ABLATIONS, default=[])
+    o.add_argument("--tunable", nargs="+", default=["audit", "revise"], help="predictors the optimizer may change")
+    o.add_argument("--reflection-model", help="LM that proposes instructions (GEPA, MIPROv2); default: task LM")
+    o.add_argument("--reflection-api-base")
+    o.add_argument("--strict", action="store_true")
+    common(o, judge_flags=True)
+    tracked(o)
+    o.set_defaults(fn=cmd_optimize)
+
+    c = sub.add_parser("compare", help="runs of an MLflow experiment side by side, with instruction diffs")
+    c.add_argument("--experiment", default="contextguard")
+    c.add_argument("--runs", nargs="*", help="run ids (or their first 8 characters); default: all")
+    c.add_argument("--tracking-uri")
+    c.add_argument("--format", choices=("markdown", "json"), default="markdown")
+    c.set_defaults(fn=cmd_compare)
 
     s = sub.add_parser("split", help="write a deterministic train/dev/test split manifest")
     s.add_argument("tasks")

@@ -218,3 +218,15 @@ def select(source: str, *, strict: bool = False) -> Loaded:
         loaded.tasks = [t for t in loaded.tasks if t.idx in ids]
         return loaded
     return load_tasks(source, strict=strict)
+
+
+def to_example(task: Task):
+    """A dspy.Example: inputs `conversation` and `category`; label `rubrics`."""
+    import dspy
+
+    return dspy.Example(
+        conversation=[m.model_dump() for m in task.messages],
+        category=task.category,
+        rubrics=list(task.rubrics),
+        task_id=task.idx,
+    ).with_inputs("conversation", "category")

@@ -20,7 +20,8 @@ from pathlib import Path
 import dspy
 
 LOCAL_MODEL = "local/smollm2-135m-instruct"
-DEFAULT_MAX_TOKENS = 512
+DEFAULT_MAX_TOKENS = 1024
+LOCAL_MAX_TOKENS = 320
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,8 @@ def _num(text: str | None, kind):
 def build_lm(settings: LMSettings, *, default_temperature: float = 0.0) -> dspy.LM:
     """A dspy.LM for the settings: the embedded model, or a LiteLLM model string."""
     temperature = default_temperature if settings.temperature is None else settings.temperature
-    max_tokens = settings.max_tokens or DEFAULT_MAX_TOKENS
     if settings.is_local:
+        max_tokens = settings.max_tokens or LOCAL_MAX_TOKENS
         return dspy.LM(
             LOCAL_MODEL,
             engine=embedded_engine(),
@@ -80,6 +81,7 @@ def build_lm(settings: LMSettings, *, default_temperature: float = 0.0) -> dspy.
             cache=settings.cache,
             num_retries=0,
         )
+    max_tokens = settings.max_tokens or DEFAULT_MAX_TOKENS
     kwargs: dict[str, object] = {}
     if settings.api_base:
         kwargs["api_base"] = settings.api_base
@@ -141,8 +143,12 @@ class LlamaCppEngine:
     supports_response_schema = True
     supported_params = frozenset({"temperature", "max_tokens", "response_format", "seed", "top_p", "stop"})
 
-    def __init__(self, model_path: str | os.PathLike, n_ctx: int = 8192, n_threads: int | None = None):
+    def __init__(self, model_path: str | os.PathLike, n_ctx: int = 8192, n_threads: int | None = None,
+                 max_items: int = 2, max_chars: int = 160):
         self.model_path = str(model_path)
+        # A 135M model fills every slot it is given, at ~20 tokens/s on 2 cores: keep few.
+        self.max_items = max_items
+        self.max_chars = max_chars
         self.n_ctx = n_ctx
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         self._llama = None
@@ -177,6 +183,7 @@ class LlamaCppEngine:
             kwargs["stop"] = list(cfg.stop)
         schema = _schema_of(cfg.response_format)
         if schema is not None:
+            schema = bound_schema(schema, self.max_items, self.max_chars)
             kwargs["response_format"] = {"type": "json_object", "schema": schema}
         elif cfg.response_format:
             kwargs["response_format"] = {"type": "json_object"}
@@ -213,9 +220,30 @@ class LlamaCppEngine:
 def _schema_of(response_format) -> dict | None:
     if not isinstance(response_format, dict):
         return None
-    if response_format.get("type") == "json_schema":
-        return (response_format.get("json_schema") or {}).get("schema")
-    return response_format.get("schema")
+    # lm15 keeps the schema at the top level; OpenAI's wire format nests it.
+    nested = response_format.get("json_schema") or {}
+    return response_format.get("schema") or nested.get("schema")
+
+
+def bound_schema(schema, max_items: int, max_chars: int, *, nested: bool = False):
+    """A copy of a JSON schema with short lists: at most `max_items` items per array
+    and `max_chars` per string inside one (top-level answers stay unbounded).
+
+    DSPy builds output schemas from bare annotations, so the bounds declared on the
+    stage types do not all reach the grammar; a small model would otherwise repeat
+    items until max_tokens runs out.
+    """
+    if isinstance(schema, list):
+        return [bound_schema(v, max_items, max_chars, nested=nested) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    inside = nested or schema.get("type") == "array"
+    out = {k: bound_schema(v, max_items, max_chars, nested=inside or k == "$defs") for k, v in schema.items()}
+    if out.get("type") == "array":
+        out["maxItems"] = min(out.get("maxItems", max_items), max_items)
+    if out.get("type") == "string" and nested and "enum" not in out:
+        out["maxLength"] = min(out.get("maxLength", max_chars), max_chars)
+    return out
 
 
 def _prompt_tokens(llama, messages) -> int:

@@ -99,6 +99,20 @@ class ContextGuard(dspy.Module):
     def uses(self, component: str) -> bool:
         return component not in self.ablate
 
+    def config(self) -> dict:
+        """What rebuilds this program before its saved state is loaded."""
+        return {"method": "contextguard", "ablate": list(self.ablate), "max_rounds": self.max_rounds,
+                "min_length_ratio": self.min_length_ratio}
+
+    # Optimizers tune what named_parameters() lists; `frozen` hides stages from them.
+    frozen: frozenset[str] = frozenset()
+
+    def named_parameters(self):
+        return [(n, p) for n, p in super().named_parameters() if n not in self.frozen]
+
+    def dump_state(self, *args, **kwargs):
+        return {**super().dump_state(*args, **kwargs), "cg_dspy": self.config()}
+
     def forward(self, conversation, category: str, draft: str | None = None) -> dspy.Prediction:
         """Run Algorithm 1. Pass `draft` to revise an existing draft (paired comparisons)."""
         conversation = as_conversation(conversation)
@@ -106,10 +120,14 @@ class ContextGuard(dspy.Module):
         if draft is None:
             if self.uses("reminder"):
                 draft = stages.run(
-                    "draft", self.draft, conversation=conversation, request=reminder_request(conversation[-1].content)
+                    "draft",
+                    self.draft,
+                    raw_text_ok=True,
+                    conversation=conversation,
+                    request=reminder_request(conversation[-1].content),
                 ).answer
             else:
-                draft = stages.run("draft", self.generate, conversation=conversation).answer
+                draft = stages.run("draft", self.generate, raw_text_ok=True, conversation=conversation).answer
         policy = categories.resolve(category, self.policy, audit_enabled=self.uses("audit"))
         if not self.uses("specialists"):
             policy = None

@@ -27,8 +27,8 @@ Role = Literal["system", "user", "assistant"]
 IssueType = Literal["numeric", "comparison", "coverage", "unit", "trend", "evidence"]
 SpecialistKind = Literal["format", "procedure", "rules", "empirical"]
 
-MAX_ITEMS = 6  # items kept per quadrant / per specialist list
-MAX_ITEM_CHARS = 300  # characters kept per item
+MAX_ITEMS = 5  # items kept per quadrant / per specialist list
+MAX_ITEM_CHARS = 240  # characters kept per item
 
 
 def _clip(text: object) -> str:
@@ -44,7 +44,8 @@ def _clip_list(items: object) -> list:
     return items[:MAX_ITEMS]
 
 
-ItemText = Annotated[str, BeforeValidator(_clip)]
+# The bounds are in the JSON schema too, so grammar-constrained decoding stops there.
+ItemText = Annotated[str, BeforeValidator(_clip), Field(max_length=MAX_ITEM_CHARS)]
 
 
 # --- the task -----------------------------------------------------------------------
@@ -127,8 +128,8 @@ class AuditItem(BaseModel):
         return None
 
 
-AuditItems = Annotated[list[AuditItem], BeforeValidator(_clip_list)]
-SpecialistItems = Annotated[list[ItemText], BeforeValidator(_clip_list)]
+AuditItems = Annotated[list[AuditItem], BeforeValidator(_clip_list), Field(max_length=MAX_ITEMS)]
+SpecialistItems = Annotated[list[ItemText], BeforeValidator(_clip_list), Field(max_length=MAX_ITEMS)]
 
 
 class AuditReport(BaseModel):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import dspy
 import pydantic
 from dspy.utils.exceptions import AdapterParseError
 from dspy.utils.usage_tracker import track_usage
@@ -28,12 +29,22 @@ class Stages:
         )
         self.failures: list[str] = []
 
-    def run(self, name: str, predictor, /, **inputs):
-        """Call `predictor(**inputs)` as stage `name`; raise StageFailure on bad output."""
+    def run(self, name: str, predictor, /, *, raw_text_ok: bool = False, **inputs):
+        """Call `predictor(**inputs)` as stage `name`; raise StageFailure on bad output.
+
+        With `raw_text_ok`, a stage whose one output is free text takes the LM's raw
+        reply when it is not the JSON asked for: a model that answers in plain prose
+        still answered.
+        """
         with track_usage() as tracker:
             try:
                 return predictor(**inputs)
             except (AdapterParseError, pydantic.ValidationError) as exc:
+                raw = (getattr(exc, "lm_response", None) or "").strip()
+                fields = list(predictor.signature.output_fields)
+                if raw_text_ok and raw and len(fields) == 1:
+                    self.failures.append(f"{name}: reply was not JSON; its raw text is used")
+                    return dspy.Prediction(**{fields[0]: raw})
                 reason = f"{name}: unusable output ({type(exc).__name__}: {_first_line(exc)})"
                 self.failures.append(reason)
                 raise StageFailure(reason) from exc

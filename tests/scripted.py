@@ -15,28 +15,30 @@ from dataclasses import dataclass
 import dspy
 from dspy.lm15 import Message, Response, TextPart, Usage
 
-from cg_dspy import signatures as S
-
-STAGE_OF = {
-    S.ReminderDraft: "draft",
-    S.Generate: "generate",
-    S.StructuredAudit: "audit",
-    S.FormatCheck: "format",
-    S.ProcedureCheck: "procedure",
-    S.RulesCheck: "rules",
-    S.EmpiricalCheck: "empirical",
-    S.ProtectedRevision: "revise",
-    S.SelfFeedback: "feedback",
-    S.SelfRefineRevision: "refine",
-    S.JudgeRequirement: "judge",
-    S.JudgeAllRubrics: "joint",
-}
+# Stages are told apart by the output keys their prompt asks for, so a stage is still
+# recognised after an optimizer rewrites its instruction.
+MARKERS = [
+    ("propose", ["new_instruction"]),
+    ("compress", ["shortened_instruction"]),
+    ("judge", ["satisfaction_status"]),
+    ("joint", ["requirement_status"]),
+    ("audit", ['- "confirmed_correct"']),
+    ("format", ['- "format_ok"']),
+    ("procedure", ['- "proc_ok"']),
+    ("rules", ['- "rules_ok"']),
+    ("empirical", ['- "empirical_ok"']),
+    ("revise", ['- "revised_answer"', "[fix_set]"]),
+    ("refine", ['- "revised_answer"']),
+    ("feedback", ['- "feedback"']),
+    ("draft", ['- "answer"', "[request]"]),
+    ("generate", ['- "answer"']),
+]
 
 
 def stage_of(messages: list[dict]) -> str:
-    text = " ".join("\n".join(m["content"] for m in messages).split())
-    for sig, name in STAGE_OF.items():
-        if " ".join(sig.instructions.split()) in text:
+    text = "\n".join(m["content"] for m in messages)
+    for name, needles in MARKERS:
+        if all(n in text for n in needles):
             return name
     return "unknown"
 

@@ -62,8 +62,8 @@ def test_empty_audit_and_no_specialist_give_empty_fix_set():
 
 def test_items_are_bounded_in_count_and_length():
     report = AuditReport(possibly_missed=[{"text": "x" * 1000}] * 20)
-    assert len(report.possibly_missed) == 6
-    assert len(report.possibly_missed[0].text) == 300
+    assert len(report.possibly_missed) == 5
+    assert len(report.possibly_missed[0].text) == 240
 
 
 def test_unknown_issue_type_becomes_none():

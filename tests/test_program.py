@@ -186,3 +186,9 @@ def test_baseline_and_self_refine_share_the_draft_prompt(proc_task):
 def test_unknown_ablation_is_rejected():
     with pytest.raises(ValueError, match="unknown ablation"):
         ContextGuard(ablate=("everything",))
+
+
+def test_plain_prose_draft_is_kept_as_the_answer(proc_task):
+    pred, _ = run(Baseline(), proc_task, script(generate="Step 1: check the oven. Step 2: switch it on."))
+    assert pred.answer == "Step 1: check the oven. Step 2: switch it on."
+    assert pred.failures == ["draft: reply was not JSON; its raw text is used"]

@@ -1,0 +1,92 @@
+"""A rubric-level metric for DSPy optimizers.
+
+score = fraction of the example's rubrics the judge marks satisfied (dense signal for
+optimizers), or, with `strict`, 1 only when every rubric is satisfied (CL-bench's
+task-solving rule). With `feedback` (GEPA), it returns `dspy.Prediction(score,
+feedback)` where the feedback names the failed requirements and says what the stage
+being tuned did. Judge verdicts are memoised per (answer, requirement): re-scoring an
+answer an optimizer has seen before costs no LM call.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import dspy
+
+from cg_dspy.judge import RubricJudge
+
+
+class RubricMetric:
+    """`metric(example, prediction, trace=None, pred_name=None, pred_trace=None)`."""
+
+    def __init__(self, judge_lm, *, votes: int = 1, strict: bool = False, feedback: bool = False,
+                 memo: dict | None = None):
+        self.judge_lm = judge_lm
+        self.votes = votes
+        self.strict = strict
+        self.feedback = feedback
+        self.judge = RubricJudge(votes=votes)
+        self.memo: dict[tuple[str, str], str] = {} if memo is None else memo
+        self._lock = threading.Lock()
+        self.judge_calls = 0
+
+    def status(self, answer: str, requirement: str) -> str:
+        """The judge's majority label, memoised."""
+        key = (answer, requirement)
+        with self._lock:
+            if key in self.memo:
+                return self.memo[key]
+        with dspy.context(lm=self.judge_lm, adapter=dspy.JSONAdapter()):
+            pred = self.judge(response=answer, requirement=requirement)
+        with self._lock:
+            self.judge_calls += len(pred.votes)
+            self.memo[key] = pred.status
+        return pred.status
+
+    def __call__(self, example, prediction, trace=None, pred_name=None, pred_trace=None):
+        answer = (getattr(prediction, "answer", None) or "").strip()
+        rubrics = list(example.rubrics)
+        labels = [self.status(answer, r) == "yes" if answer else False for r in rubrics]
+        passed = sum(labels)
+        score = float(passed == len(rubrics)) if self.strict else passed / max(1, len(rubrics))
+        if not self.feedback:
+            return score
+        failed = [r for r, ok in zip(rubrics, labels) if not ok]
+        return dspy.Prediction(score=score, feedback=explain(failed, prediction, pred_name))
+
+
+def explain(failed: list[str], prediction, pred_name: str | None) -> str:
+    """Feedback for a reflective optimizer: what failed, and what the tuned stage did."""
+    if not failed:
+        lines = ["Every requirement is satisfied."]
+    else:
+        lines = [f"{len(failed)} requirement(s) failed:"] + [f"- {r}" for r in failed]
+    path = getattr(prediction, "path", None)
+    fix = getattr(prediction, "fix_set", None) or []
+    protect = getattr(prediction, "protect_set", None) or []
+    stage = (pred_name or "").split(".")[-1]
+    if stage == "audit" and failed:
+        flagged = " ".join(i.text.lower() for i in fix)
+        unflagged = [r for r in failed if not any(w in flagged for w in _keywords(r))]
+        if unflagged:
+            lines.append("The audit did not flag these failed requirements in possibly_missed/possibly_wrong:")
+            lines += [f"- {r}" for r in unflagged]
+        lines.append(f"The audit put {len(fix)} item(s) in the fix set and {len(protect)} in the protection set.")
+    elif stage == "revise":
+        guard = getattr(prediction, "guard", None)
+        if path == "rolled-back" and guard is not None:
+            lines.append("The revision was rolled back by the guard: " + "; ".join(guard.reasons))
+        elif path == "revised" and failed:
+            lines.append("The revision was accepted but did not fix everything; it was asked to fix:")
+            lines += [f"- {i.render()}" for i in fix]
+        elif path == "early-return":
+            lines.append("No revision ran: the fix set was empty.")
+    if path:
+        lines.append(f"Path taken: {path}.")
+    return "\n".join(lines)
+
+
+def _keywords(requirement: str) -> list[str]:
+    words = [w.strip(".,;:'\"()").lower() for w in requirement.split()]
+    return [w for w in words if len(w) > 5][:4] or words[:1]

@@ -1,0 +1,117 @@
+"""The compile entry point: a program, a train and a dev split, an optimizer recipe.
+
+By default only the audit and revision predictors are tuned (`tunable`); the others
+are hidden from the optimizer and keep their instructions. The dev split is scored
+before and after with the rubric metric (dense pass rate and strict task-solving
+rate); everything is logged as one MLflow run.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dspy
+
+from cg_dspy import tracking
+from cg_dspy.adapter import ConversationAdapter
+from cg_dspy.data import to_example
+from cg_dspy.harness import build_program
+from cg_dspy.metric import RubricMetric
+from optimize.recipes import RECIPES, compile_with
+
+DEFAULT_TUNABLE = ("audit", "revise")
+
+
+@dataclass
+class OptimizeResult:
+    program: dspy.Module
+    dev_before: dict
+    dev_after: dict
+    settings: dict
+    run_id: str | None = None
+    judge_calls: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def evaluate(program, examples, metric: RubricMetric, *, lm, threads: int = 4) -> dict:
+    """Dense rubric pass rate and strict task-solving rate (overall, per category), in %."""
+    with dspy.context(lm=lm, adapter=ConversationAdapter()):
+        result = dspy.Evaluate(devset=examples, metric=metric, num_threads=threads, display_progress=False,
+                               provide_traceback=False, max_errors=len(examples) + 1)(program)
+    per_cat: dict[str, list[float]] = defaultdict(list)
+    scores = []
+    for example, _pred, score in result.results:
+        s = float(getattr(score, "score", score) or 0.0)
+        scores.append(s)
+        per_cat[example.category].append(float(s == 1.0))
+    n = max(1, len(scores))
+    return {
+        "rubric_pass_rate": round(100 * sum(scores) / n, 2),
+        "task_solving_rate": round(100 * sum(s == 1.0 for s in scores) / n, 2),
+        "by_category": {c: {"task_solving_rate": round(100 * sum(v) / len(v), 2)} for c, v in per_cat.items()},
+    }
+
+
+def optimize(
+    *,
+    optimizer: str,
+    train,
+    dev,
+    task_lm,
+    judge_lm,
+    reflection_lm=None,
+    budget: str = "light",
+    method: str = "contextguard",
+    ablate: tuple[str, ...] = (),
+    tunable: tuple[str, ...] = DEFAULT_TUNABLE,
+    threads: int = 4,
+    out: str | Path | None = None,
+    track: bool = True,
+    params: dict | None = None,
+) -> OptimizeResult:
+    """Compile `method` with `optimizer` on `train`, score `dev` before and after."""
+    if optimizer not in RECIPES:
+        raise ValueError(f"unknown optimizer {optimizer!r}; choose from {sorted(RECIPES)}")
+    program = build_program(method, ablate)
+    names = [n for n, _ in program.named_predictors()]
+    unknown = set(tunable) - set(names)
+    if unknown:
+        raise ValueError(f"tunable stages {sorted(unknown)} do not exist; the program has {names}")
+    trainset, devset = [to_example(t) for t in train], [to_example(t) for t in dev]
+    metric = RubricMetric(judge_lm)
+    feedback_metric = RubricMetric(judge_lm, feedback=True, memo=metric.memo)
+    recipe, settings = RECIPES[optimizer](
+        feedback_metric if optimizer == "gepa" else metric, budget, threads=threads,
+        reflection_lm=reflection_lm or task_lm, prompt_lm=reflection_lm or task_lm, task_lm=task_lm,
+        train_size=len(trainset),
+    )
+    logged = {"optimizer": optimizer, "budget": budget, "optimizer_settings": settings, "method": method,
+              "ablate": list(ablate), "tunable": list(tunable), "train_size": len(trainset),
+              "dev_size": len(devset), **(params or {})}
+
+    def work(run_id=None) -> OptimizeResult:
+        before = evaluate(program, devset, metric, lm=task_lm, threads=threads)
+        if hasattr(program, "frozen"):
+            program.frozen = frozenset(set(names) - set(tunable))
+        with dspy.context(lm=task_lm, adapter=ConversationAdapter()):
+            compiled = compile_with(optimizer, recipe, program, trainset, devset)
+        if hasattr(compiled, "frozen"):
+            compiled.frozen = frozenset()  # saved programs hold every stage
+        after = evaluate(compiled, devset, metric, lm=task_lm, threads=threads)
+        if out:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            compiled.save(str(out))
+        return OptimizeResult(compiled, before, after, logged, run_id,
+                              metric.judge_calls + feedback_metric.judge_calls)
+
+    if not track:
+        return work()
+    with tracking.run(f"optimize-{optimizer}-{budget}", kind="optimize", params=logged) as active, \
+            tracking.autolog():
+        result = work(active.info.run_id)
+        for label, scores in (("dev_before", result.dev_before), ("dev", result.dev_after)):
+            tracking.log_summary(scores, prefix=f"{label}.")
+        tracking.log_program(result.program)
+    return result

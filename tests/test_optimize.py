@@ -1,0 +1,136 @@
+"""Compile with real DSPy optimizers (scripted LM), track in a real MLflow store, load back."""
+
+import json
+import sqlite3
+
+import dspy
+import pytest
+from conftest import DATA
+from scripted import scripted_lm
+
+import optimize
+from cg_dspy import tracking
+from cg_dspy.adapter import ConversationAdapter
+from cg_dspy.data import load_tasks
+from cg_dspy.saved import load_program
+
+RULE = "NEW-AUDIT-RULE: flag every requirement the answer does not yet meet."
+
+
+def behaviour(stage, messages):
+    """Answers improve only when the audit instruction carries RULE (what GEPA should find)."""
+    last = messages[-1]["content"]
+    if stage in ("draft", "generate"):
+        return {"answer": "- Theo has 6 life\n- Rules: R3, R4"}
+    if stage == "audit":
+        missed = [{"text": "add the word IMPROVED", "issue_type": None}] if "NEW-AUDIT-RULE" in last else []
+        return {"confirmed_correct": [{"text": "Theo has 6 life", "issue_type": None}], "confirmed_data": [],
+                "possibly_missed": missed, "possibly_wrong": []}
+    if stage in ("format", "procedure"):
+        return {"format_ok": [], "format_fail": [], "proc_ok": [], "proc_fail": []}
+    if stage == "revise":
+        return {"revised_answer": "- Theo has 6 life\n- Rules: R3, R4\n- IMPROVED"}
+    if stage == "judge":
+        response, requirement = last.split("[[ ## requirement ## ]]")
+        ok = "IMPROVED" in response or "the response should be" in requirement.lower()
+        return {"reason": "checked", "satisfaction_status": "yes" if ok else "no"}
+    if stage == "propose":  # GEPA's reflection LM proposes a new instruction
+        return {"new_instruction": RULE}
+    return {}
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracking.setup(uri, "cg-test")
+    return uri
+
+
+@pytest.fixture
+def splits():
+    tasks = load_tasks(DATA / "tasks.jsonl").tasks
+    return tasks[:4], tasks[4:7]
+
+
+def run_params(run_id):
+    import mlflow
+
+    return mlflow.get_run(run_id)
+
+
+def test_bootstrap_compile_logs_run_and_program_loads_from_file_and_mlflow(store, splits, tmp_path):
+    lm, engine = scripted_lm(behaviour)
+    out = tmp_path / "program.json"
+    result = optimize.optimize(optimizer="bootstrap", train=splits[0], dev=splits[1], task_lm=lm, judge_lm=lm,
+                               budget="light", threads=2, out=out, params={"task_lm": {"model": "scripted/test"}})
+    compiled = result.program
+    assert [len(p.demos) for n, p in compiled.named_predictors() if n == "audit"] == [1]
+    assert all(not p.demos for n, p in compiled.named_predictors() if n not in ("audit", "revise"))
+
+    run = run_params(result.run_id)
+    assert run.data.params["optimizer"] == "bootstrap" and run.data.params["budget"] == "light"
+    assert run.data.params["train_size"] == "4" and run.data.params["dev_size"] == "3"
+    assert run.data.params["task_lm.model"] == "scripted/test" and run.data.params["tunable"] == '["audit", "revise"]'
+    assert run.data.metrics["dev.task_solving_rate"] == result.dev_after["task_solving_rate"]
+    assert "dev_before.rubric_pass_rate" in run.data.metrics
+    import mlflow
+
+    files = {a.path for a in mlflow.artifacts.list_artifacts(run_id=result.run_id)}
+    assert {"program.json", "prompts"} <= files  # the MLflow model is a LoggedModel, loaded below
+    prompt_files = {a.path for a in mlflow.artifacts.list_artifacts(run_id=result.run_id, artifact_path="prompts")}
+    assert "prompts/audit.md" in prompt_files and "prompts/revise.md" in prompt_files
+
+    task = splits[1][0]
+    for loaded in (load_program(out), load_program(f"runs:/{result.run_id}")):
+        assert {n: p.signature.instructions for n, p in loaded.named_predictors()} == \
+               {n: p.signature.instructions for n, p in compiled.named_predictors()}
+        assert len(loaded.audit.demos) == 1
+        with dspy.context(lm=lm, adapter=ConversationAdapter()):
+            a = compiled(conversation=task.messages, category=task.category)
+            b = loaded(conversation=task.messages, category=task.category)
+        assert (a.answer, a.path, a.fix_set) == (b.answer, b.path, b.fix_set)
+        audit_prompts = [c.messages[-1]["content"] for c in engine.calls[-4:] if c.stage == "audit"]
+        assert audit_prompts[0] == audit_prompts[1]  # the demo reaches the prompt identically
+
+    pickled = load_program(f"runs:/{result.run_id}/model", allow_pickle=True)
+    with dspy.context(lm=lm, adapter=ConversationAdapter()):
+        assert pickled(conversation=task.messages, category=task.category).answer == a.answer
+    with pytest.raises(ValueError, match="allow_pickle"):
+        load_program(f"runs:/{result.run_id}/model")
+
+
+def test_gepa_finds_the_better_audit_instruction_and_compare_shows_the_diff(store, splits, capsys):
+    lm, _ = scripted_lm(behaviour)
+    base = optimize.optimize(optimizer="bootstrap", train=splits[0], dev=splits[1], task_lm=lm, judge_lm=lm,
+                             budget="light", threads=2)
+    result = optimize.optimize(optimizer="gepa", train=splits[0], dev=splits[1], task_lm=lm, judge_lm=lm,
+                               reflection_lm=lm, budget="light", threads=2)
+    assert RULE in result.program.audit.signature.instructions
+    assert result.dev_before["task_solving_rate"] == 0.0 and result.dev_after["task_solving_rate"] == 100.0
+    assert result.program.draft.signature.instructions == base.program.draft.signature.instructions
+
+    from cg_dspy.cli import main
+
+    capsys.readouterr()  # drop what the optimizers printed
+    assert main(["compare", "--experiment", "cg-test", "--tracking-uri", store, "--format", "json"]) == 0
+    cmp = json.loads(capsys.readouterr().out)
+    assert [r["run_id"] for r in cmp["runs"]] == [base.run_id, result.run_id]
+    assert [r["metrics"]["dev.task_solving_rate"] for r in cmp["runs"]] == [0.0, 100.0]
+    assert f"+{RULE}" in cmp["instruction_diff"]["audit"]
+    assert cmp["instruction_diff"]["draft"] == ""
+    assert main(["compare", "--experiment", "cg-test", "--tracking-uri", store]) == 0
+    assert "NEW-AUDIT-RULE" in capsys.readouterr().out
+
+
+def test_api_key_never_reaches_the_store(store, splits, tmp_path, monkeypatch):
+    secret = "sk-test-5ecret-abcdef123456"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    lm, _ = scripted_lm(behaviour)
+    optimize.optimize(optimizer="bootstrap", train=splits[0][:2], dev=splits[1][:1], task_lm=lm, judge_lm=lm,
+                      budget="light", threads=1, out=tmp_path / "p.json",
+                      params={"task_lm": {"model": "openai/x", "api_key": secret}, "note": f"key={secret}"})
+    hits = [p for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert hits == []
+    rows = sqlite3.connect(tmp_path / "mlflow.db").execute("select key, value from params").fetchall()
+    assert ("note", "key=***") in rows and not any(k == "task_lm.api_key" and v != "***" for k, v in rows)
