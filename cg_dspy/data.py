@@ -208,13 +208,25 @@ def write_manifest(path: str | os.PathLike, splits: dict[str, list[str]], *, see
     Path(path).write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
 
 
+def _manifest_source(source: str, manifest: Path) -> str:
+    """A manifest's source: as written, else relative to the manifest or a folder above it."""
+    if Path(source).exists() or source.split(":")[0] == HF_DATASET:
+        return source
+    for folder in manifest.resolve().parents:
+        if (folder / source).exists():
+            return str(folder / source)
+    return source
+
+
 def select(source: str, *, strict: bool = False) -> Loaded:
     """`FILE`, `tencent/CL-bench`, or `MANIFEST.json#split` (tasks of one split)."""
     if "#" in source and source.split("#")[0].endswith(".json"):
         manifest_path, split = source.split("#", 1)
         manifest = json.loads(Path(manifest_path).read_text(encoding="utf-8"))
+        if split not in manifest["splits"]:
+            raise ValueError(f"{manifest_path}: no split {split!r}; it has {sorted(manifest['splits'])}")
         ids = set(manifest["splits"][split])
-        loaded = load_tasks(manifest["source"], strict=strict)
+        loaded = load_tasks(_manifest_source(manifest["source"], Path(manifest_path)), strict=strict)
         loaded.tasks = [t for t in loaded.tasks if t.idx in ids]
         return loaded
     return load_tasks(source, strict=strict)

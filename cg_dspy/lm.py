@@ -21,7 +21,7 @@ import dspy
 
 LOCAL_MODEL = "local/smollm2-135m-instruct"
 DEFAULT_MAX_TOKENS = 1024
-LOCAL_MAX_TOKENS = 320
+LOCAL_MAX_TOKENS = 384
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ class LlamaCppEngine:
     supported_params = frozenset({"temperature", "max_tokens", "response_format", "seed", "top_p", "stop"})
 
     def __init__(self, model_path: str | os.PathLike, n_ctx: int = 8192, n_threads: int | None = None,
-                 max_items: int = 2, max_chars: int = 160):
+                 max_items: int = 2, max_chars: int = 100):
         self.model_path = str(model_path)
         # A 135M model fills every slot it is given, at ~20 tokens/s on 2 cores: keep few.
         self.max_items = max_items
@@ -225,9 +225,13 @@ def _schema_of(response_format) -> dict | None:
     return response_format.get("schema") or nested.get("schema")
 
 
+FREE_TEXT_FIELDS = frozenset({"answer", "revised_answer", "feedback", "new_instruction", "shortened_instruction"})
+
+
 def bound_schema(schema, max_items: int, max_chars: int, *, nested: bool = False):
     """A copy of a JSON schema with short lists: at most `max_items` items per array
-    and `max_chars` per string inside one (top-level answers stay unbounded).
+    and `max_chars` per string inside one. Other top-level strings (a judge's reason)
+    get three times that; answers and instructions stay unbounded.
 
     DSPy builds output schemas from bare annotations, so the bounds declared on the
     stage types do not all reach the grammar; a small model would otherwise repeat
@@ -243,6 +247,10 @@ def bound_schema(schema, max_items: int, max_chars: int, *, nested: bool = False
         out["maxItems"] = min(out.get("maxItems", max_items), max_items)
     if out.get("type") == "string" and nested and "enum" not in out:
         out["maxLength"] = min(out.get("maxLength", max_chars), max_chars)
+    if not nested and isinstance(out.get("properties"), dict):
+        for name, prop in out["properties"].items():
+            if name not in FREE_TEXT_FIELDS and prop.get("type") == "string" and "enum" not in prop:
+                prop["maxLength"] = min(prop.get("maxLength", 3 * max_chars), 3 * max_chars)
     return out
 
 

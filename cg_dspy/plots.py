@@ -15,26 +15,27 @@ from cg_dspy.schemas import CATEGORIES  # noqa: E402
 
 
 def subcategory_plot(result: dict, path: Path) -> None:
-    """Figure 3: TSR per sub-category, grouped and coloured by macro-category."""
+    """Figure 3: TSR per sub-category, ordered and shaded by macro-category."""
     runs = result["runs"]
     names = list(runs)
     cats = {s: cell["category"] for r in runs.values() for s, cell in r["by_sub_category"].items()}
-    subs = sorted({s for r in runs.values() for s in r["by_sub_category"]},
-                  key=lambda s: (CATEGORIES.index(cats[s]) if cats.get(s) in CATEGORIES else 9, s))
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(subs) * len(names)), 4))
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    subs = sorted(cats, key=lambda s: (order.get(cats[s], 9), s))
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(subs) * max(1, len(names)) + 2), 4.5))
     width = 0.8 / max(1, len(names))
-    colours = plt.get_cmap("tab10")
+    shades = plt.get_cmap("Pastel2")
+    for cat in dict.fromkeys(cats[s] for s in subs):
+        idx = [i for i, s in enumerate(subs) if cats[s] == cat]
+        ax.axvspan(idx[0] - 0.5, idx[-1] + 0.5, color=shades(order.get(cat, 7)), alpha=0.5, lw=0)
+        ax.text((idx[0] + idx[-1]) / 2, 103, cat, ha="center", va="bottom", fontsize=8)
     for i, name in enumerate(names):
         values = [(runs[name]["by_sub_category"].get(s) or {}).get("task_solving_rate") or 0 for s in subs]
-        xs = [j + i * width for j in range(len(subs))]
-        bars = ax.bar(xs, values, width, label=name, alpha=0.6 + 0.4 * i / max(1, len(names) - 1))
-        for bar, s in zip(bars, subs):
-            bar.set_edgecolor(colours(CATEGORIES.index(cats[s]) if cats.get(s) in CATEGORIES else 9))
-            bar.set_linewidth(2)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(subs))], subs, rotation=35, ha="right")
+        ax.bar([j - 0.4 + width * (i + 0.5) for j in range(len(subs))], values, width, label=name)
+    ax.set_xticks(range(len(subs)), subs, rotation=35, ha="right")
+    ax.set_xlim(-0.5, len(subs) - 0.5)
+    ax.set_ylim(0, 112)
     ax.set_ylabel("Task-solving rate (%)")
-    ax.set_title("Solving rate by sub-category (edge colour = category)")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -69,9 +70,10 @@ def migration_plot(result: dict, path: Path) -> None:
     values = [[matrix[b][a] for a in NEAR_MISS_BINS] for b in NEAR_MISS_BINS]
     fig, ax = plt.subplots(figsize=(5, 4))
     im = ax.imshow(values, cmap="Blues")
+    top = max(max(row) for row in values) or 1
     for i, row in enumerate(values):
         for j, v in enumerate(row):
-            ax.text(j, i, str(v), ha="center", va="center")
+            ax.text(j, i, str(v), ha="center", va="center", color="white" if v > top / 2 else "black")
     names = list(result["runs"])
     ax.set_xticks(range(len(NEAR_MISS_BINS)), NEAR_MISS_BINS)
     ax.set_yticks(range(len(NEAR_MISS_BINS)), NEAR_MISS_BINS)
