@@ -40,6 +40,8 @@ def _lm_settings(args, prefix: str = "") -> LMSettings:
         temperature=getattr(args, f"{attr}temperature"),
         max_tokens=getattr(args, f"{attr}max_tokens"),
         cache=not args.no_cache,
+        num_retries=args.retries,
+        timeout=args.timeout,
     )
 
 
@@ -226,6 +228,9 @@ def parser() -> argparse.ArgumentParser:
     def common(sp, judge_flags=False, task_flags=True):
         sp.add_argument("--threads", type=int, default=4, help="LM requests kept in flight (default 4)")
         sp.add_argument("--no-cache", action="store_true", help="bypass DSPy's LM cache")
+        sp.add_argument("--retries", type=int, default=4,
+                        help="retries per LM call on timeouts, 429 and 5xx, with backoff (default 4)")
+        sp.add_argument("--timeout", type=float, default=120.0, help="seconds per LM request (default 120)")
         sp.add_argument("--quiet", action="store_true", help="no progress bar")
         if task_flags:
             _add_lm_flags(sp)

@@ -18,7 +18,7 @@ from dspy.utils.exceptions import AdapterParseError
 
 from cg_dspy.runner import Outcome, execute
 from cg_dspy.signatures import JudgeAllRubrics, JudgeRequirement
-from cg_dspy.store import ResultStore, row_id
+from cg_dspy.store import ResultStore, read_rows, row_id
 
 PROTOCOLS = ("rubric", "joint")
 
@@ -164,12 +164,24 @@ def grade_file(
 ) -> tuple[Outcome, list[dict]]:
     """Grade result rows into `out`, resumably. Requirement calls of all tasks share one
     pool of `threads`, so N judge requests stay in flight across tasks and requirements."""
+    source = {row_id(r): r for r in rows}
+
+    def failed(idx: str, reason: str) -> dict:
+        """A task whose grading failed: unsolved in every report, graded again on rerun."""
+        row = source[idx]
+        graded = {k: row[k] for k in ("idx", "messages", "model_output", "rubrics", "metadata") if k in row}
+        return {**graded, "protocol": protocol, "requirement_status": ["no"] * len(row.get("rubrics") or []),
+                "score": 0, "grading_rationale": f"Grading failed: {reason}"}
+
     with ResultStore(out) as store, ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        # A graded answer that no longer matches its result row (the task was rerun) is stale.
+        store.discard(i for i, g in store.rows.items()
+                      if i in source and g.get("model_output") != source[i].get("model_output"))
         jobs = [
             (row_id(r), lambda r=r: grade_row(
                 r, protocol=protocol, judge_lm=judge_lm, votes=votes, early_stop=early_stop, pool=pool))
             for r in rows
         ]
         outcome = execute(jobs, store, threads=threads, desc="judge", postfix=running_tsr,
-                          progress=progress, error_row=lambda idx, reason: {"idx": idx})
-        return outcome, list(store.rows.values())
+                          progress=progress, error_row=failed)
+    return outcome, read_rows(out)

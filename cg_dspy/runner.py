@@ -7,6 +7,8 @@ One task that raises becomes a row with an `error`; the others go on.
 
 from __future__ import annotations
 
+import signal
+import sys
 import threading
 import time
 import traceback
@@ -72,16 +74,9 @@ def execute(
                 return
             in_flight[pool.submit(guarded, *nxt)] = nxt[0]
 
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        refill(pool)
+    def drain(pool: ThreadPoolExecutor) -> None:
         while in_flight:
-            try:
-                finished, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
-            except KeyboardInterrupt:
-                stop.set()
-                outcome.interrupted = True
-                bar.write(f"Interrupted: finishing {len(in_flight)} task(s) in flight, then stopping.")
-                continue
+            finished, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
             for fut in finished:
                 idx = in_flight.pop(fut)
                 row = fut.result()
@@ -93,6 +88,24 @@ def execute(
             if postfix:
                 bar.set_postfix(postfix(outcome.rows), refresh=False)
             refill(pool)
+
+    def on_sigint(signum, frame):
+        if not stop.is_set():
+            stop.set()
+            outcome.interrupted = True
+            bar.write(f"Interrupted: finishing {len(in_flight)} task(s) in flight, then stopping.", file=sys.stderr)
+
+    # Ctrl-C only stops new work; rows in flight finish and are written.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            refill(pool)
+            drain(pool)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     bar.close()
     outcome.seconds = time.perf_counter() - start
     return outcome

@@ -59,11 +59,26 @@ class ResultStore:
             if rid is not None and not row.get("error"):
                 kept[rid] = row
         self.rows = kept
-        clean = b"".join(_encode(r) for r in kept.values())
-        if clean != raw:
+        self._rewrite(raw)
+
+    def _rewrite(self, current: bytes | None = None) -> None:
+        """Make the file hold exactly `self.rows`, atomically."""
+        clean = b"".join(_encode(r) for r in self.rows.values())
+        if clean != current:
             tmp = self.path.with_suffix(self.path.suffix + ".tmp")
             tmp.write_bytes(clean)
             os.replace(tmp, self.path)
+
+    def discard(self, ids) -> None:
+        """Forget finished rows (their input changed), so they are done again."""
+        ids = set(ids) & set(self.rows)
+        if not ids:
+            return
+        self.close()
+        for rid in ids:
+            del self.rows[rid]
+        self._rewrite()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def done(self) -> set[str]:
         return set(self.rows)

@@ -61,6 +61,7 @@ class ChatServer:
         self.model_context = model_context
         self.faults: list[Fault] = []
         self.requests: list[dict] = []
+        self.arrivals: list[float] = []
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._httpd.daemon_threads = True
@@ -110,6 +111,7 @@ class ChatServer:
                 prompt = "\n".join(m.get("content") or "" for m in messages if isinstance(m.get("content"), str))
                 with server._lock:
                     server.requests.append(body)
+                    server.arrivals.append(time.monotonic())
                 if server.latency:
                     time.sleep(server.latency)
                 fault = server._take_fault(prompt)
