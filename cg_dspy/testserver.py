@@ -159,3 +159,23 @@ class ChatServer:
                 self.wfile.write(data)
 
         return Handler
+
+
+def main() -> None:
+    """`python -m cg_dspy.testserver [--latency S]`: serve until killed; prints the URL."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds to wait before each answer")
+    args = parser.parse_args()
+    with ChatServer(latency=args.latency) as server:
+        print(server.base_url, flush=True)
+        try:
+            sys.stdin.read()  # until the parent closes our stdin or kills us
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()

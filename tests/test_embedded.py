@@ -7,7 +7,7 @@ from conftest import DATA
 from cg_dspy import ContextGuard
 from cg_dspy.adapter import ConversationAdapter
 from cg_dspy.data import load_tasks
-from cg_dspy.lm import LMSettings, build_lm, bound_schema, find_local_gguf
+from cg_dspy.lm import LMSettings, bound_schema, build_lm, find_local_gguf
 from cg_dspy.schemas import AuditReport
 
 

@@ -1,0 +1,83 @@
+"""LM calls and tokens per task for every method, against the local server.
+
+The server answers every stage validly; half of the audits (by a stable hash of the
+prompt) report a missed item, so ContextGuard takes both the revision path and the
+early-return path. Targets: ContextGuard makes at most 4 calls on a task it revises
+and at most 3 on an early return.
+
+    python benchmarks/cost.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+
+from _common import ROOT, table, verdict, write_result
+
+from cg_dspy import harness
+from cg_dspy.data import load_tasks
+from cg_dspy.lm import LMSettings, build_lm
+from cg_dspy.store import ResultStore
+from cg_dspy.testserver import ChatServer, default_reply
+
+
+def reply(messages: list[dict]) -> str:
+    text = messages[-1]["content"]
+    if '- "confirmed_correct"' in text and int(hashlib.sha256(text.encode()).hexdigest(), 16) % 2 == 0:
+        return json.dumps({"confirmed_correct": [{"text": "keeps the format", "issue_type": None}],
+                           "confirmed_data": [], "possibly_missed": [{"text": "a missed rule", "issue_type": None}],
+                           "possibly_wrong": []})
+    if '- "revised_answer"' in text:
+        return json.dumps({"revised_answer": "Answer revised: all requirements addressed, the missed rule too."})
+    return default_reply(messages)
+
+
+def main() -> dict:
+    tasks = load_tasks(ROOT / "data" / "tasks.jsonl").tasks + load_tasks(ROOT / "data" / "demo.jsonl").tasks
+    results, rows = {}, []
+    with ChatServer(reply=reply) as server, tempfile.TemporaryDirectory() as tmp:
+        lm = build_lm(LMSettings(model="openai/bench-model", api_base=server.base_url, cache=False))
+        for method in harness.method_names():
+            with ResultStore(Path(tmp) / f"{method}.jsonl") as store:
+                harness.run(harness.build_program(method), tasks, store, lm=lm, method=method, threads=8,
+                            progress=False)
+                out = list(store.rows.values())
+            calls = [sum(c["calls"] for c in r["trace"]["cost"].values()) for r in out]
+            tokens = [sum(c["prompt_tokens"] + c["completion_tokens"] for c in r["trace"]["cost"].values())
+                      for r in out]
+            paths = [r["trace"].get("path") for r in out]
+            results[method] = {
+                "tasks": len(out),
+                "calls_per_task": sum(calls) / len(out),
+                "tokens_per_task": sum(tokens) / len(out),
+                "early_return_share": paths.count("early-return") / len(out),
+                "max_calls_revised": max((c for c, p in zip(calls, paths) if p in ("revised", "rolled-back")),
+                                         default=0),
+                "max_calls_early_return": max((c for c, p in zip(calls, paths) if p == "early-return"), default=0),
+            }
+    base = results["baseline"]
+    for method, r in results.items():
+        r["calls_ratio_to_baseline"] = r["calls_per_task"] / base["calls_per_task"]
+        r["tokens_ratio_to_baseline"] = r["tokens_per_task"] / base["tokens_per_task"]
+        rows.append([method, r["calls_per_task"], r["calls_ratio_to_baseline"], r["tokens_per_task"],
+                     r["tokens_ratio_to_baseline"], r["early_return_share"]])
+    cg = results["contextguard"]
+    targets = {
+        "contextguard_calls_when_revised_le_4": cg["max_calls_revised"] <= 4,
+        "contextguard_calls_on_early_return_le_3": cg["max_calls_early_return"] <= 3,
+    }
+    print(table(["method", "calls/task", "x baseline", "tokens/task", "x baseline", "early-return share"], rows))
+    print(f"\nContextGuard calls on a revised task: at most {cg['max_calls_revised']} (target <= 4): "
+          f"{verdict(targets['contextguard_calls_when_revised_le_4'])}")
+    print(f"ContextGuard calls on an early return: at most {cg['max_calls_early_return']} (target <= 3): "
+          f"{verdict(targets['contextguard_calls_on_early_return_le_3'])}")
+    payload = {"methods": results, "targets": targets}
+    print(f"\nwritten: {write_result('cost', payload)}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""The project's own time per LM call, against a zero-latency server, one thread.
+
+Every call of a ContextGuard run (stage formatting, parsing, plan, guard, storing the
+row) is timed end to end and divided by its LM calls; bare `dspy.Predict` sends a
+prompt of the same size to the same server. Both include the HTTP round trip, so the
+ratio is what the project adds. Target: median ratio <= 1.5 for 2K- and 20K-token
+conversations.
+
+    python benchmarks/overhead.py
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import dspy
+from _common import Timer, median, remote_lm, server_process, table, verdict, write_result
+
+from cg_dspy import harness
+from cg_dspy.data import token_length
+from cg_dspy.schemas import Task
+from cg_dspy.store import ResultStore
+
+REPEATS = 7
+WORDS = "The council minutes record that the eastern granary holds forty sacks of barley. "
+
+
+def task_of(tokens: int, i: int) -> Task:
+    context = WORDS * max(1, tokens // len(WORDS.split()))
+    return Task.model_validate({
+        "messages": [{"role": "system", "content": "Answer from the records only."},
+                     {"role": "user", "content": context + f"\nHow many sacks are in the granary? ({i})"}],
+        "rubrics": ["The response should say forty sacks."],
+        "metadata": {"task_id": f"t{tokens}-{i}", "context_id": "c", "context_category": "Domain Knowledge Reasoning",
+                     "sub_category": "Management"}})
+
+
+def per_call_run(lm, tokens: int, tmp: Path) -> list[float]:
+    program = harness.build_program("contextguard")
+    out = []
+    for i in range(REPEATS):
+        with ResultStore(tmp / f"o-{tokens}-{i}.jsonl") as store, Timer() as t:
+            harness.run(program, [task_of(tokens, i)], store, lm=lm, method="contextguard", threads=1,
+                        progress=False)
+            calls = sum(c["calls"] for r in store.rows.values() for c in r["trace"]["cost"].values())
+        out.append(t.seconds / calls)
+    return out
+
+
+def per_call_bare(lm, tokens: int) -> list[float]:
+    predict = dspy.Predict("context, question -> answer")
+    out = []
+    for i in range(REPEATS):
+        task = task_of(tokens, i)
+        with dspy.context(lm=lm), Timer() as t:
+            predict(context=task.messages[1].content, question=f"How many sacks? ({i})")
+        out.append(t.seconds)
+    return out
+
+
+def main() -> dict:
+    results, rows = {}, []
+    with server_process(0.0) as url, tempfile.TemporaryDirectory() as tmp:
+        lm = remote_lm(url)
+        per_call_bare(lm, 500)  # warm up imports and connections
+        for tokens in (2_000, 20_000):
+            measured = token_length(task_of(tokens, 0).messages)
+            run = median(per_call_run(lm, tokens, Path(tmp)))
+            bare = median(per_call_bare(lm, tokens))
+            results[tokens] = {"conversation_tokens": measured, "run_s_per_call": run, "bare_s_per_call": bare,
+                               "ratio": run / bare}
+            rows.append([tokens, measured, run * 1000, bare * 1000, run / bare])
+    targets = {f"overhead_le_1.5x_at_{t}": results[t]["ratio"] <= 1.5 for t in results}
+    print(table(["target tokens", "tokens", "run ms/call", "bare ms/call", "ratio"], rows))
+    for name, ok in targets.items():
+        print(f"{name}: {verdict(ok)}")
+    payload = {"repeats": REPEATS, "sizes": results, "targets": targets}
+    print(f"\nwritten: {write_result('overhead', payload)}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Prefix sharing: how much of each stage's prompt repeats the draft prompt byte for byte.
+
+Servers with prefix caching (vLLM, OpenAI, llama.cpp) reuse the KV cache of a shared
+leading part. For every stage of ContextGuard (and the baselines' stages) on every data
+task, the serialized messages are compared with the draft prompt's; the shared
+leading bytes are divided by the bytes of the conversation part. Target: >= 0.9.
+
+    python benchmarks/prefix.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from _common import ROOT, table, verdict, write_result
+
+sys.path.insert(0, str(ROOT / "tests"))
+import dspy  # noqa: E402
+from scripted import scripted_lm  # noqa: E402
+from test_program import script  # noqa: E402
+
+from cg_dspy import harness  # noqa: E402
+from cg_dspy.adapter import ConversationAdapter  # noqa: E402
+from cg_dspy.data import load_tasks  # noqa: E402
+
+
+def serialized(messages: list[dict]) -> str:
+    return "".join(f"<|{m['role']}|>{m['content']}" for m in messages)
+
+
+def main() -> dict:
+    tasks = load_tasks(ROOT / "data" / "tasks.jsonl").tasks
+    shares: dict[str, list[float]] = {}
+    for method in ("contextguard", "self-refine"):
+        for task in tasks:
+            lm, engine = scripted_lm(script())
+            with dspy.context(lm=lm, adapter=ConversationAdapter()):
+                harness.build_program(method)(conversation=task.messages, category=task.category)
+            conversation = serialized([m.model_dump() for m in task.messages])
+            first = serialized(engine.calls[0].messages)
+            for call in engine.calls[1:]:
+                prompt = serialized(call.messages)
+                shared = len(os.path.commonprefix([first, prompt]))
+                shares.setdefault(f"{method}:{call.stage}", []).append(min(1.0, shared / len(conversation)))
+    rows = [[stage, len(v), min(v), sum(v) / len(v)] for stage, v in shares.items()]
+    ok = all(min(v) >= 0.9 for v in shares.values())
+    print(table(["stage", "prompts", "min shared fraction", "mean"], rows))
+    print(f"\nevery stage shares >= 0.9 of the conversation with the draft prompt: {verdict(ok)}")
+    payload = {"stages": {k: {"prompts": len(v), "min": min(v), "mean": sum(v) / len(v)} for k, v in shares.items()},
+               "targets": {"prefix_share_ge_0.9": ok}}
+    print(f"\nwritten: {write_result('prefix', payload)}")
+    print(json.dumps(payload["targets"]))
+    return payload
+
+
+if __name__ == "__main__":
+    main()

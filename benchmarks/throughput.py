@@ -1,0 +1,98 @@
+"""Throughput of `run` and `eval` against a server with 50 ms latency per request.
+
+The server runs in its own process and answers after a fixed latency with unlimited
+parallelism, so the bound on calls/s is threads / latency. Beside each harness figure
+stands bare `dspy.Predict` against the same server with the same threads: the floor
+the harness is measured against. Targets: harness >= 0.9 x bare at 16 and 64 threads,
+and >= 0.9 x the latency bound at 4 threads.
+
+    python benchmarks/throughput.py
+"""
+
+from __future__ import annotations
+
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import dspy
+from _common import ROOT, Timer, remote_lm, server_process, table, verdict, write_result
+
+from cg_dspy import harness, judge
+from cg_dspy.data import load_tasks
+from cg_dspy.store import ResultStore
+
+LATENCY = 0.05
+THREADS = (1, 4, 16, 64)
+
+
+def replicated(n: int):
+    base = load_tasks(ROOT / "data" / "tasks.jsonl").tasks
+    out = []
+    for i in range(n):
+        t = base[i % len(base)]
+        meta = t.metadata.model_copy(update={"task_id": f"{t.idx}#{i}"})
+        out.append(t.model_copy(update={"metadata": meta}))
+    return out
+
+
+def bare_predict(lm, threads: int, calls: int) -> float:
+    """Calls/s of plain dspy.Predict, the floor."""
+    predict = dspy.Predict("question -> answer")
+
+    def one(i):
+        with dspy.context(lm=lm):
+            return predict(question=f"What is {i} plus one?")
+
+    with Timer() as t, ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, range(calls)))
+    return calls / t.seconds
+
+
+def harness_run(lm, threads: int, n_tasks: int, tmp: Path) -> tuple[float, float, list[dict]]:
+    tasks = replicated(n_tasks)
+    with ResultStore(tmp / f"run-{threads}.jsonl") as store, Timer() as t:
+        harness.run(harness.build_program("contextguard"), tasks, store, lm=lm, method="contextguard",
+                    threads=threads, progress=False)
+        rows = list(store.rows.values())
+    calls = sum(c["calls"] for r in rows for c in r["trace"]["cost"].values())
+    return calls / t.seconds, n_tasks / t.seconds, rows
+
+
+def harness_eval(lm, threads: int, rows: list[dict], tmp: Path) -> float:
+    with Timer() as t:
+        _, graded = judge.grade_file(rows, str(tmp / f"graded-{threads}.jsonl"), judge_lm=lm, votes=3,
+                                     threads=threads, progress=False)
+    return sum(len(v) for g in graded for v in g["votes"]) / t.seconds
+
+
+def main() -> dict:
+    results, rows = {}, []
+    with server_process(LATENCY) as url, tempfile.TemporaryDirectory() as tmp:
+        for threads in THREADS:
+            lm = remote_lm(url)
+            n_tasks = max(8, threads * 3)
+            run_cps, run_tps, out = harness_run(lm, threads, n_tasks, Path(tmp))
+            eval_cps = harness_eval(lm, threads, out, Path(tmp))
+            bare = bare_predict(remote_lm(url), threads, max(40, threads * 10))
+            bound = threads / LATENCY
+            results[threads] = {"run_calls_per_s": run_cps, "run_tasks_per_s": run_tps, "eval_calls_per_s": eval_cps,
+                                "bare_predict_calls_per_s": bare, "latency_bound_calls_per_s": bound}
+            rows.append([threads, run_tps, run_cps, eval_cps, bare, bound, min(run_cps, eval_cps) / bare])
+    targets = {
+        f"harness_ge_0.9x_bare_at_{t}": min(results[t]["run_calls_per_s"], results[t]["eval_calls_per_s"])
+        >= 0.9 * results[t]["bare_predict_calls_per_s"] for t in (16, 64)
+    }
+    targets["harness_ge_0.9x_latency_bound_at_4"] = min(
+        results[4]["run_calls_per_s"], results[4]["eval_calls_per_s"]) >= 0.9 * results[4]["latency_bound_calls_per_s"]
+    print(table(["threads", "run tasks/s", "run calls/s", "eval calls/s", "bare Predict calls/s",
+                 "bound calls/s", "harness/bare"], rows))
+    for name, ok in targets.items():
+        print(f"{name}: {verdict(ok)}")
+    payload = {"latency_s": LATENCY, "threads": results, "targets": targets}
+    print(f"\nwritten: {write_result('throughput', payload)}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
