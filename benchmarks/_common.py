@@ -68,3 +68,13 @@ class Timer:
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.start
+
+
+def finish(name: str, header: list[str], rows: list[list], targets: dict[str, bool], payload: dict) -> dict:
+    """Print the table and each target's verdict; write the JSON result."""
+    print(table(header, rows))
+    for target, ok in targets.items():
+        print(f"{target}: {verdict(ok)}")
+    payload = {**payload, "targets": targets}
+    print(f"\nwritten: {write_result(name, payload)}")
+    return payload

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import dspy
-from _common import Timer, median, remote_lm, server_process, table, verdict, write_result
+from _common import Timer, finish, median, remote_lm, server_process
 
 from cg_dspy import harness
 from cg_dspy.data import token_length
@@ -53,7 +53,7 @@ def per_call_bare(lm, tokens: int) -> list[float]:
     out = []
     for i in range(REPEATS):
         task = task_of(tokens, i)
-        with dspy.context(lm=lm), Timer() as t:
+        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()), Timer() as t:
             predict(context=task.messages[1].content, question=f"How many sacks? ({i})")
         out.append(t.seconds)
     return out
@@ -72,12 +72,8 @@ def main() -> dict:
                                "ratio": run / bare}
             rows.append([tokens, measured, run * 1000, bare * 1000, run / bare])
     targets = {f"overhead_le_1.5x_at_{t}": results[t]["ratio"] <= 1.5 for t in results}
-    print(table(["target tokens", "tokens", "run ms/call", "bare ms/call", "ratio"], rows))
-    for name, ok in targets.items():
-        print(f"{name}: {verdict(ok)}")
-    payload = {"repeats": REPEATS, "sizes": results, "targets": targets}
-    print(f"\nwritten: {write_result('overhead', payload)}")
-    return payload
+    return finish("overhead", ["target tokens", "tokens", "run ms/call", "bare ms/call", "ratio"], rows, targets,
+                  {"repeats": REPEATS, "sizes": results})
 
 
 if __name__ == "__main__":

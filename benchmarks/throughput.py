@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import dspy
-from _common import ROOT, Timer, remote_lm, server_process, table, verdict, write_result
+from _common import ROOT, Timer, finish, remote_lm, server_process
 
 from cg_dspy import harness, judge
 from cg_dspy.data import load_tasks
@@ -37,12 +37,13 @@ def replicated(n: int):
 
 
 def bare_predict(lm, threads: int, calls: int) -> float:
-    """Calls/s of plain dspy.Predict, the floor."""
-    predict = dspy.Predict("question -> answer")
+    """Calls/s of plain dspy.Predict on the same conversations: the floor."""
+    predict = dspy.Predict("context, question -> answer")
+    tasks = replicated(calls)
 
     def one(i):
-        with dspy.context(lm=lm):
-            return predict(question=f"What is {i} plus one?")
+        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+            return predict(context="\n\n".join(m.content for m in tasks[i].messages), question=f"Answer it. ({i})")
 
     with Timer() as t, ThreadPoolExecutor(threads) as pool:
         list(pool.map(one, range(calls)))
@@ -71,7 +72,7 @@ def main() -> dict:
     with server_process(LATENCY) as url, tempfile.TemporaryDirectory() as tmp:
         for threads in THREADS:
             lm = remote_lm(url)
-            n_tasks = max(8, threads * 3)
+            n_tasks = max(8, threads * 8)
             run_cps, run_tps, out = harness_run(lm, threads, n_tasks, Path(tmp))
             eval_cps = harness_eval(lm, threads, out, Path(tmp))
             bare = bare_predict(remote_lm(url), threads, max(40, threads * 10))
@@ -85,13 +86,9 @@ def main() -> dict:
     }
     targets["harness_ge_0.9x_latency_bound_at_4"] = min(
         results[4]["run_calls_per_s"], results[4]["eval_calls_per_s"]) >= 0.9 * results[4]["latency_bound_calls_per_s"]
-    print(table(["threads", "run tasks/s", "run calls/s", "eval calls/s", "bare Predict calls/s",
-                 "bound calls/s", "harness/bare"], rows))
-    for name, ok in targets.items():
-        print(f"{name}: {verdict(ok)}")
-    payload = {"latency_s": LATENCY, "threads": results, "targets": targets}
-    print(f"\nwritten: {write_result('throughput', payload)}")
-    return payload
+    return finish("throughput", ["threads", "run tasks/s", "run calls/s", "eval calls/s", "bare Predict calls/s",
+                                 "bound calls/s", "harness/bare"], rows, targets,
+                  {"latency_s": LATENCY, "threads": results})
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ context across draft, audit, checker and revision. Signatures without a
 from __future__ import annotations
 
 import json
+import threading
 import types
 import typing
 from typing import Any
@@ -54,7 +55,37 @@ def as_messages(conversation: list[Message] | list[dict]) -> list[dict[str, str]
     return out
 
 
-class ConversationAdapter(dspy.JSONAdapter):
+class CachedResponseFormat:
+    """Decide each (LM, output fields) response format once, not on every call.
+
+    DSPy works it out per call from a model-catalog lookup and a freshly built pydantic
+    model; for a model the catalog does not know, that lookup scans the whole catalog.
+    """
+
+    _formats: dict = {}
+    _lock = threading.Lock()
+
+    def _prepare_response_format(self, lm, lm_kwargs, signature):
+        key = (lm.model, type(getattr(lm, "engine", None)).__name__, str(lm.kwargs.get("api_base")),
+               tuple((name, repr(f.annotation)) for name, f in signature.output_fields.items()))
+        with self._lock:
+            known = key in self._formats
+            chosen = self._formats.get(key)
+        if not known:
+            probe: dict = {}
+            super()._prepare_response_format(lm, probe, signature)
+            chosen = probe.get("response_format")
+            with self._lock:
+                self._formats[key] = chosen
+        if chosen is not None and "response_format" not in lm_kwargs:
+            lm_kwargs["response_format"] = chosen
+
+
+class JSONAdapter(CachedResponseFormat, dspy.JSONAdapter):
+    """DSPy's JSONAdapter with the response-format decision cached (the judge uses it)."""
+
+
+class ConversationAdapter(CachedResponseFormat, dspy.JSONAdapter):
     """JSON-output adapter that keeps the conversation as the shared prompt prefix."""
 
     def format(self, signature, demos, inputs):  # noqa: D102 - documented on the class

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dspy
 
-from cg_dspy.program import as_conversation
+from cg_dspy.program import SavesConfig, as_conversation
 from cg_dspy.signatures import Generate, SelfFeedback, SelfRefineRevision
 from cg_dspy.stages import StageFailure, Stages
 
 
-class Baseline(dspy.Module):
+class Baseline(SavesConfig, dspy.Module):
     """One generation from the conversation, no reminder, no revision."""
 
     def __init__(self):
@@ -23,9 +23,6 @@ class Baseline(dspy.Module):
 
     def config(self) -> dict:
         return {"method": "baseline"}
-
-    def dump_state(self, *args, **kwargs):
-        return {**super().dump_state(*args, **kwargs), "cg_dspy": self.config()}
 
     def forward(self, conversation, category: str | None = None, draft: str | None = None) -> dspy.Prediction:
         stages = Stages()
@@ -36,7 +33,7 @@ class Baseline(dspy.Module):
         return dspy.Prediction(answer=draft, draft=draft, path="draft", failures=stages.failures, cost=stages.cost)
 
 
-class SelfRefine(dspy.Module):
+class SelfRefine(SavesConfig, dspy.Module):
     """One round of self-feedback, then an unconstrained revision of the whole answer."""
 
     def __init__(self):
@@ -47,9 +44,6 @@ class SelfRefine(dspy.Module):
 
     def config(self) -> dict:
         return {"method": "self-refine"}
-
-    def dump_state(self, *args, **kwargs):
-        return {**super().dump_state(*args, **kwargs), "cg_dspy": self.config()}
 
     def forward(self, conversation, category: str | None = None, draft: str | None = None) -> dspy.Prediction:
         conversation = as_conversation(conversation)

@@ -16,6 +16,7 @@ import dspy
 import pydantic
 from dspy.utils.exceptions import AdapterParseError
 
+from cg_dspy.adapter import JSONAdapter
 from cg_dspy.runner import Outcome, execute
 from cg_dspy.signatures import JudgeAllRubrics, JudgeRequirement
 from cg_dspy.store import ResultStore, read_rows, row_id
@@ -115,7 +116,7 @@ def grade_row(
         )
         return graded
     if protocol == "joint":
-        with dspy.context(lm=judge_lm, adapter=dspy.JSONAdapter()):
+        with dspy.context(lm=judge_lm, adapter=JSONAdapter()):
             out = JointJudge()(response=output, rubrics=rubrics)
         graded.update(requirement_status=out.status, grading_rationale=out.rationale)
         if out.note:
@@ -124,7 +125,7 @@ def grade_row(
         judge = RubricJudge(votes=votes, early_stop=early_stop)
 
         def one(requirement: str):
-            with dspy.context(lm=judge_lm, adapter=dspy.JSONAdapter()):
+            with dspy.context(lm=judge_lm, adapter=JSONAdapter()):
                 return judge(response=output, requirement=requirement)
 
         results = list(pool.map(one, rubrics)) if pool else [one(r) for r in rubrics]

@@ -166,11 +166,7 @@ class LlamaCppEngine:
     def complete(self, request):
         from dspy.lm15 import Message, Response, TextPart, Usage
 
-        messages = []
-        if request.system:
-            system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system)
-            messages.append({"role": "system", "content": system})
-        messages += [{"role": m.role, "content": m.text or ""} for m in request.messages]
+        messages = request_messages(request)
         cfg = request.config
         temperature = cfg.temperature or 0.0
         kwargs = {
@@ -215,6 +211,15 @@ class LlamaCppEngine:
 
     def close(self) -> None:
         pass
+
+
+def request_messages(request) -> list[dict[str, str]]:
+    """OpenAI-format messages from a DSPy engine Request (system first)."""
+    messages = []
+    if request.system:
+        system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system)
+        messages.append({"role": "system", "content": system})
+    return messages + [{"role": m.role, "content": m.text or ""} for m in request.messages]
 
 
 def _schema_of(response_format) -> dict | None:

@@ -14,6 +14,7 @@ import threading
 
 import dspy
 
+from cg_dspy.adapter import JSONAdapter
 from cg_dspy.judge import RubricJudge
 
 
@@ -37,7 +38,7 @@ class RubricMetric:
         with self._lock:
             if key in self.memo:
                 return self.memo[key]
-        with dspy.context(lm=self.judge_lm, adapter=dspy.JSONAdapter()):
+        with dspy.context(lm=self.judge_lm, adapter=JSONAdapter()):
             pred = self.judge(response=answer, requirement=requirement)
         with self._lock:
             self.judge_calls += len(pred.votes)

@@ -61,7 +61,14 @@ def as_conversation(conversation) -> list[Message]:
     return [m if isinstance(m, Message) else Message.model_validate(m) for m in conversation]
 
 
-class ContextGuard(dspy.Module):
+class SavesConfig:
+    """Saved state carries the class's `config()`, so a loader rebuilds the right program."""
+
+    def dump_state(self, *args, **kwargs):
+        return {**super().dump_state(*args, **kwargs), "cg_dspy": self.config()}
+
+
+class ContextGuard(SavesConfig, dspy.Module):
     """Reminder draft, structured self-audit, specialist signal, protected revision, guard.
 
     `ablate` removes components as in the paper's Table 3: "reminder" (plain draft),
@@ -109,9 +116,6 @@ class ContextGuard(dspy.Module):
 
     def named_parameters(self):
         return [(n, p) for n, p in super().named_parameters() if n not in self.frozen]
-
-    def dump_state(self, *args, **kwargs):
-        return {**super().dump_state(*args, **kwargs), "cg_dspy": self.config()}
 
     def forward(self, conversation, category: str, draft: str | None = None) -> dspy.Prediction:
         """Run Algorithm 1. Pass `draft` to revise an existing draft (paired comparisons)."""

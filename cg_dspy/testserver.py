@@ -98,6 +98,7 @@ class ChatServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body in separate writes would wait ~40 ms
 
             def log_message(self, *args):  # quiet
                 pass

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import dspy
 from dspy.lm15 import Message, Response, TextPart, Usage
 
+from cg_dspy.lm import request_messages
+
 # Stages are told apart by the output keys their prompt asks for, so a stage is still
 # recognised after an optimizer rewrites its instruction.
 MARKERS = [
@@ -60,11 +62,7 @@ class ScriptedEngine:
         self._lock = threading.Lock()
 
     def complete(self, request):
-        messages = []
-        if request.system:
-            system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system)
-            messages.append({"role": "system", "content": system})
-        messages += [{"role": m.role, "content": m.text or ""} for m in request.messages]
+        messages = request_messages(request)
         stage = stage_of(messages)
         with self._lock:
             self.calls.append(Call(stage, messages, request.config.temperature))
