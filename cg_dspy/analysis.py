@@ -228,8 +228,26 @@ def judge_stability(rows: list[dict]) -> dict | None:
     return {"votes": k, "requirement": level(req), "task": level(tasks)}
 
 
+def cost_summary(rows: list[dict]) -> dict | None:
+    """LM calls, tokens and seconds per task of the generating method (None if unrecorded)."""
+    costed = [r["cost"] for r in rows if isinstance(r.get("cost"), dict)]
+    if not costed:
+        return None
+    n = len(costed)
+    stages = [c for cost in costed for c in (cost.get("stages") or {}).values()]
+    seconds = [cost["seconds"] for cost in costed if cost.get("seconds") is not None]
+    return {
+        "tasks": n,
+        "lm_calls_per_task": round(sum(c.get("calls", 0) for c in stages) / n, 3),
+        "prompt_tokens_per_task": round(sum(c.get("prompt_tokens", 0) for c in stages) / n, 1),
+        "completion_tokens_per_task": round(sum(c.get("completion_tokens", 0) for c in stages) / n, 1),
+        "seconds_per_task": round(sum(seconds) / len(seconds), 3) if seconds else None,
+    }
+
+
 def report(runs: dict[str, list[dict]]) -> dict:
-    """The JSON report: `runs`, plus `comparison` for two runs and `judge_stability`."""
+    """The JSON report: `runs`, plus `comparison` for two runs, `judge_stability` when
+    votes were recorded and `cost` when the graded rows carry generation cost."""
     out: dict = {"runs": {name: run_summary(rows) for name, rows in runs.items()}}
     names = list(runs)
     if len(names) == 2:
@@ -238,6 +256,10 @@ def report(runs: dict[str, list[dict]]) -> dict:
     stability = {k: v for k, v in stability.items() if v is not None}
     if stability:
         out["judge_stability"] = stability
+    cost = {name: cost_summary(rows) for name, rows in runs.items()}
+    cost = {k: v for k, v in cost.items() if v is not None}
+    if cost:
+        out["cost"] = cost
     return out
 
 
@@ -292,6 +314,10 @@ def to_markdown(result: dict) -> str:
                           [[b, *c["migration"][b].values()] for b in NEAR_MISS_BINS]))
         keys = [k for k in c if k != "migration"]
         out.append("\n" + _table(["measure", "value"], [[k, c[k]] for k in keys]))
+    if result.get("cost"):
+        keys = ["lm_calls_per_task", "prompt_tokens_per_task", "completion_tokens_per_task", "seconds_per_task"]
+        out.append("\n### Generation cost per task\n")
+        out.append(_table(["run", *keys], [[n, *(c[k] for k in keys)] for n, c in result["cost"].items()]))
     for name, s in (result.get("judge_stability") or {}).items():
         out.append(f"\n### Judge stability: {name} (K = {s['votes']})\n")
         out.append(_table(["level", "instances", "single-vote agreement", "majority-vote agreement"],

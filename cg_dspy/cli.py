@@ -117,6 +117,7 @@ def _track_eval(args, graded: list[dict], summary: dict) -> None:
               "early_stop": not args.no_early_stop, "judge_lm": _lm_settings(args, "judge-").describe()}
     with tracking.run(f"eval-{Path(args.results).stem}", kind="eval", params=params):
         tracking.log_summary(summary, prefix="")
+        tracking.log_metrics(analysis.cost_summary(graded) or {}, prefix="cost.")
         tracking.log_text(analysis.to_markdown(analysis.report({Path(args.out).name: graded})), "report.md")
 
 
@@ -166,6 +167,8 @@ def cmd_bench(args) -> int:
             report = json.loads((Path(args.out_dir) / "report.json").read_text(encoding="utf-8"))
             for name, summary in report["runs"].items():
                 tracking.log_summary(summary, prefix=f"{name}.")
+            for name, cost in (report.get("cost") or {}).items():
+                tracking.log_metrics(cost, prefix=f"{name}.cost.")
             tracking.log_artifacts(args.out_dir, "bench")
     return EXIT_FAILED if errors and code == EXIT_OK else code
 

@@ -6,6 +6,7 @@ Rows carry what CL-bench's own `eval.py` reads (`idx`, `messages`, `model_output
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import dspy
@@ -71,9 +72,11 @@ def base_row(task: Task) -> dict:
 
 def generate_row(program: dspy.Module, task: Task, method: str, lm, draft: str | None = None) -> dict:
     """Run one task; the row the run file stores."""
+    start = time.perf_counter()
     with dspy.context(lm=lm, adapter=ConversationAdapter()):
         pred = program(conversation=task.messages, category=task.category, draft=draft)
-    return {**base_row(task), "model_output": pred.answer, "method": method, "trace": trace_of(pred)}
+    trace = {**trace_of(pred), "seconds": round(time.perf_counter() - start, 3)}
+    return {**base_row(task), "model_output": pred.answer, "method": method, "trace": trace}
 
 
 def run(

@@ -89,6 +89,15 @@ class JointJudge(dspy.Module):
         return dspy.Prediction(status=status, rationale=rationale, note=note)
 
 
+def generation_cost(row: dict) -> dict:
+    """The method and its LM cost, carried from a result row into its graded row."""
+    trace = row.get("trace") or {}
+    out = {"method": row["method"]} if row.get("method") else {}
+    if trace.get("cost") is not None:
+        out["cost"] = {"stages": trace["cost"], "seconds": trace.get("seconds")}
+    return out
+
+
 def grade_row(
     row: dict,
     *,
@@ -106,6 +115,7 @@ def grade_row(
     rubrics = list(row.get("rubrics") or [])
     graded = {k: row[k] for k in ("idx", "messages", "model_output", "rubrics", "metadata") if k in row}
     graded["protocol"] = protocol
+    graded.update(generation_cost(row))
     output = row.get("model_output") or ""
     if row.get("error") or not output.strip():
         reason = row.get("error") or "empty model output"

@@ -117,3 +117,65 @@ def test_baseline_methods_run_from_the_cli(tmp_path, method, calls):
                 *remote(server))
         assert r.returncode == 0, r.stderr
         assert len(server.requests) == calls
+
+
+def test_bench_pairs_methods_on_the_same_drafts_and_tracks_one_run(tmp_path):
+    import mlflow
+
+    out_dir = tmp_path / "bench"
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with ChatServer() as server:
+        r = cli("bench", str(DATA / "demo.jsonl"), "--methods", "self-refine,contextguard,contextguard-no-reminder",
+                "--out-dir", str(out_dir), *remote(server), *judge_remote(server), "--tracking-uri", uri,
+                "--experiment", "bench-test")
+        assert r.returncode == 0, r.stderr
+    names = {p.name for p in out_dir.iterdir()}
+    for m in ("baseline", "self-refine", "contextguard", "contextguard-no-reminder"):
+        assert {f"{m}.jsonl", f"{m}.graded.jsonl"} <= names
+    base = {x["idx"]: x["model_output"] for x in read_rows(out_dir / "baseline.jsonl")}
+    for m in ("self-refine", "contextguard-no-reminder"):
+        for row in read_rows(out_dir / f"{m}.jsonl"):
+            assert row["trace"]["draft"] == base[row["idx"]] and "draft" not in row["trace"]["cost"]
+    rep = json.loads((out_dir / "report.json").read_text())
+    assert set(rep["runs"]) == {"baseline", "self-refine", "contextguard", "contextguard-no-reminder"}
+    assert set(rep["comparisons"]) == {"baseline -> self-refine", "baseline -> contextguard",
+                                       "baseline -> contextguard-no-reminder"}
+    assert rep["cost"]["baseline"]["lm_calls_per_task"] == 1.0
+    assert rep["cost"]["self-refine"]["lm_calls_per_task"] == 2.0  # feedback + refine on the baseline draft
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["bench-test"], output_format="list")
+    assert len(runs) == 1 and runs[0].data.metrics["contextguard.task_solving_rate"] == 100.0
+    assert runs[0].data.metrics["baseline.cost.lm_calls_per_task"] == 1.0
+
+
+def test_sigkill_mid_eval_then_rerun_grades_every_task_once(tmp_path):
+    out, graded = tmp_path / "out.jsonl", tmp_path / "graded.jsonl"
+    with ChatServer() as server:
+        assert cli("run", str(DATA / "tasks.jsonl"), "--out", str(out), *remote(server)).returncode == 0
+    with ChatServer(latency=0.1) as server:
+        args = ["eval", str(out), "--out", str(graded), "--threads", "2", "--no-track", *judge_remote(server),
+                "--no-cache", "--quiet"]
+        proc = subprocess.Popen([sys.executable, "-m", "cg_dspy.cli", *args], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        while len(read_rows(graded)) < 3:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert 3 <= len(read_rows(graded)) < 13
+        assert cli(*args).returncode == 0
+    rows = [json.loads(x) for x in graded.read_bytes().splitlines()]
+    assert len(rows) == 13 and len({r["idx"] for r in rows}) == 13
+
+
+def test_saved_programs_load_only_from_json(tmp_path):
+    from cg_dspy.program import ContextGuard
+    from cg_dspy.saved import load_program
+
+    pickled = tmp_path / "program.pkl"
+    pickled.write_bytes(b"\x80\x04K\x01.")
+    with pytest.raises(ValueError, match="refusing"):
+        load_program(pickled)
+    saved = tmp_path / "p.json"
+    ContextGuard(ablate=("guard",), max_rounds=2).save(str(saved))
+    loaded = load_program(saved)
+    assert loaded.ablate == ("guard",) and loaded.max_rounds == 2
