@@ -79,8 +79,11 @@ def _status(outcome, input_errors) -> int:
 def cmd_run(args) -> int:
     tasks, errors = _load(args.tasks, args.strict, args.shard)
     if args.program:
+        from cg_dspy import tracking
         from cg_dspy.saved import load_program
 
+        if ":/" in args.program:
+            tracking.setup(args.tracking_uri)
         program = load_program(args.program)
     else:
         program = harness.build_program(args.method, args.ablate, args.max_rounds)
@@ -252,6 +255,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--strict", action="store_true", help="stop before any LM call if any input row is bad")
     r.add_argument("--shard", help="i/n: run only shard i of n (stable hash of task id)")
     r.add_argument("--program", help="a compiled program: JSON file or MLflow URI (runs:/ID)")
+    r.add_argument("--tracking-uri", help="MLflow store holding --program (default: MLFLOW_TRACKING_URI or "
+                   "sqlite:///mlflow.db)")
     common(r)
     r.set_defaults(fn=cmd_run)
 

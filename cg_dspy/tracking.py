@@ -156,7 +156,14 @@ def load_program_state(uri: str) -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = mlflow.artifacts.download_artifacts(artifact_uri=target, dst_path=tmp)
-        except Exception:  # noqa: BLE001 - MLflow raises several kinds for a missing artifact
+        except Exception as exc:  # noqa: BLE001 - MLflow raises several kinds for a missing artifact
+            if uri.startswith("runs:/"):
+                run_id = uri.split("/")[1]
+                try:
+                    mlflow.get_run(run_id)
+                except Exception:  # noqa: BLE001
+                    raise ValueError(f"{uri}: no such run in the MLflow store {mlflow.get_tracking_uri()} "
+                                     "(pass --tracking-uri or set MLFLOW_TRACKING_URI)") from exc
             return None
         return json.loads(Path(path).read_text(encoding="utf-8"))
 
