@@ -108,8 +108,9 @@ class ContextGuard(SavesConfig, dspy.Module):
 
     def config(self) -> dict:
         """What rebuilds this program before its saved state is loaded."""
+        policy = {c: [p.kind, p.mode] for c, p in self.policy.items()} if self.policy else None
         return {"method": "contextguard", "ablate": list(self.ablate), "max_rounds": self.max_rounds,
-                "min_length_ratio": self.min_length_ratio}
+                "min_length_ratio": self.min_length_ratio, "policy": policy}
 
     # Optimizers tune what named_parameters() lists; `frozen` hides stages from them.
     frozen: frozenset[str] = frozenset()

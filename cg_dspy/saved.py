@@ -28,8 +28,11 @@ def build_from_config(config: dict) -> dspy.Module:
     if method == "self-refine":
         return SelfRefine()
     if method == "contextguard":
+        from cg_dspy.categories import SpecialistPolicy
+
+        policy = {c: SpecialistPolicy(*p) for c, p in (config.get("policy") or {}).items()} or None
         return ContextGuard(ablate=tuple(config.get("ablate") or ()), max_rounds=int(config.get("max_rounds", 1)),
-                            min_length_ratio=float(config.get("min_length_ratio", 0.5)))
+                            min_length_ratio=float(config.get("min_length_ratio", 0.5)), policy=policy)
     raise ValueError(f"unknown method {method!r} in saved program")
 
 

@@ -175,7 +175,10 @@ def test_saved_programs_load_only_from_json(tmp_path):
     pickled.write_bytes(b"\x80\x04K\x01.")
     with pytest.raises(ValueError, match="refusing"):
         load_program(pickled)
+    from cg_dspy.categories import SpecialistPolicy
+
     saved = tmp_path / "p.json"
-    ContextGuard(ablate=("guard",), max_rounds=2).save(str(saved))
+    policy = {"Rule System Application": SpecialistPolicy("rules", "separate")}
+    ContextGuard(ablate=("guard",), max_rounds=2, policy=policy).save(str(saved))
     loaded = load_program(saved)
-    assert loaded.ablate == ("guard",) and loaded.max_rounds == 2
+    assert loaded.ablate == ("guard",) and loaded.max_rounds == 2 and loaded.policy == policy
