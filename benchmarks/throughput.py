@@ -72,10 +72,10 @@ def main() -> dict:
     with server_process(LATENCY) as url, tempfile.TemporaryDirectory() as tmp:
         for threads in THREADS:
             lm = remote_lm(url)
-            n_tasks = max(8, threads * 8)
+            n_tasks = threads * 16  # enough waves that the drain at the end weighs little
             run_cps, run_tps, out = harness_run(lm, threads, n_tasks, Path(tmp))
             eval_cps = harness_eval(lm, threads, out, Path(tmp))
-            bare = bare_predict(remote_lm(url), threads, max(40, threads * 10))
+            bare = bare_predict(remote_lm(url), threads, threads * 40)
             bound = threads / LATENCY
             results[threads] = {"run_calls_per_s": run_cps, "run_tasks_per_s": run_tps, "eval_calls_per_s": eval_cps,
                                 "bare_predict_calls_per_s": bare, "latency_bound_calls_per_s": bound}

@@ -68,8 +68,40 @@ def _num(text: str | None, kind):
     return kind(text) if text not in (None, "") else None
 
 
+def _memoize_model_metadata() -> None:
+    """Look up each model in DSPy's price/capability catalog once per process.
+
+    DSPy 3.4 consults the catalog on every LM call (cost estimate, capabilities); for a
+    model the catalog does not list, such as any local vLLM model name, each lookup
+    scans the whole catalog, about half of DSPy's CPU time per call. The catalog is
+    loaded once and never changes, so the answer for (provider, model) never changes
+    either; callers get a private copy as before.
+    """
+    import copy
+    import functools
+
+    from dspy.clients import capabilities, costs, model_metadata
+
+    if getattr(model_metadata.model_info, "_cg_memoized", False):
+        return
+
+    @functools.lru_cache(maxsize=1024)
+    def lookup(provider, model, namespaces):
+        return model_metadata.model_info(provider, model, namespaces=namespaces)
+
+    def model_info(provider, model, *, namespaces=None):
+        key = tuple(namespaces) if namespaces is not None else None
+        return copy.deepcopy(lookup(provider, model, key))
+
+    model_info._cg_memoized = True
+    for module in (costs, capabilities):
+        if getattr(module, "model_info", None) is model_metadata.model_info:
+            module.model_info = model_info
+
+
 def build_lm(settings: LMSettings, *, default_temperature: float = 0.0) -> dspy.LM:
     """A dspy.LM for the settings: the embedded model, or a LiteLLM model string."""
+    _memoize_model_metadata()
     temperature = default_temperature if settings.temperature is None else settings.temperature
     if settings.is_local:
         max_tokens = settings.max_tokens or LOCAL_MAX_TOKENS

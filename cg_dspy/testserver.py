@@ -162,14 +162,57 @@ class ChatServer:
         return Handler
 
 
+async def _serve_fast(latency: float) -> None:
+    """A lean asyncio server for throughput benchmarks: no faults, no thread per
+    connection, so its own cost stays well below the latency it simulates."""
+    import asyncio
+    import sys
+
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    if line[:15].lower() == b"content-length:":
+                        length = int(line[15:])
+                body = json.loads(await reader.readexactly(length)) if length else {}
+                if latency:
+                    await asyncio.sleep(latency)
+                content = default_reply(body.get("messages") or [{"content": ""}])
+                payload = json.dumps({
+                    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": body.get("model"),
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": content}}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                             + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", flush=True)
+    loop = asyncio.get_running_loop()
+    stdin_closed = loop.run_in_executor(None, sys.stdin.read)
+    async with server:
+        await stdin_closed
+
+
 def main() -> None:
-    """`python -m cg_dspy.testserver [--latency S]`: serve until killed; prints the URL."""
+    """`python -m cg_dspy.testserver [--latency S] [--fast]`: serve until stdin closes;
+    prints the URL first."""
     import argparse
+    import asyncio
     import sys
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency", type=float, default=0.0, help="seconds to wait before each answer")
+    parser.add_argument("--fast", action="store_true", help="lean asyncio server without fault injection")
     args = parser.parse_args()
+    if args.fast:
+        asyncio.run(_serve_fast(args.latency))
+        return
     with ChatServer(latency=args.latency) as server:
         print(server.base_url, flush=True)
         try:
