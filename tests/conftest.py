@@ -11,10 +11,15 @@ SHARED = ROOT.parent / "shared" / "clbench"
 
 
 @pytest.fixture(autouse=True)
-def _isolated_dspy_cache(tmp_path, monkeypatch):
-    """Each test starts with DSPy's caches empty, so call counts mean what they say."""
+def _isolated(tmp_path, monkeypatch):
+    """Each test starts with DSPy's caches empty (so call counts mean what they say) and
+    writes its MLflow store, DSPy disk cache and any relative paths under tmp_path,
+    subprocesses included."""
     import dspy
 
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("DSPY_CACHEDIR", str(tmp_path / "dspy-cache"))
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=True)
     dspy.cache.reset_memory_cache()
     yield

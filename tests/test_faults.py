@@ -21,11 +21,6 @@ PT = "Harbor Lane"  # text only demo-pt-1 contains
 IDS = ["demo-dk-1", "demo-ed-1", "demo-pt-1", "demo-rs-1"]
 
 
-@pytest.fixture(autouse=True)
-def _private_dspy_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DSPY_CACHEDIR", str(tmp_path / "dspy-cache"))
-
-
 def cli(*args, timeout=180):
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     return subprocess.run([sys.executable, "-m", "cg_dspy.cli", *args], capture_output=True, text=True,
