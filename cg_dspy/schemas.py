@@ -158,7 +158,7 @@ ProtectTag = Literal[
 class PlanItem(BaseModel):
     """A fix-set or protection-set entry as the revision prompt shows it."""
 
-    tag: str
+    tag: FixTag | ProtectTag
     text: str
     issue_type: IssueType | None = None
 
