@@ -96,7 +96,7 @@ def test_sigkill_mid_run_then_rerun_leaves_every_task_exactly_once(tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "cg_dspy.cli", *args], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         deadline = time.time() + 60
-        while time.time() < deadline and len(read_rows(out)) < 4:
+        while time.time() < deadline and len(read_rows(out)) < 4 and proc.poll() is None:
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -157,7 +157,8 @@ def test_sigkill_mid_eval_then_rerun_grades_every_task_once(tmp_path):
                 "--no-cache", "--quiet"]
         proc = subprocess.Popen([sys.executable, "-m", "cg_dspy.cli", *args], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
-        while len(read_rows(graded)) < 3:
+        deadline = time.time() + 60  # never hang CI if the child dies early
+        while len(read_rows(graded)) < 3 and time.time() < deadline and proc.poll() is None:
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -136,7 +136,8 @@ def test_sigint_finishes_tasks_in_flight_and_says_how_to_resume(tmp_path):
         args = [sys.executable, "-m", "cg_dspy.cli", "run", str(DATA / "tasks.jsonl"), "--out", str(out),
                 "--model", "openai/test-model", "--api-base", server.base_url, "--threads", "2", "--quiet"]
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        while len(read_rows(out)) < 2:
+        deadline = time.time() + 60  # never hang CI if the child dies early
+        while len(read_rows(out)) < 2 and time.time() < deadline and proc.poll() is None:
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
