@@ -18,6 +18,7 @@ from pathlib import Path
 from _common import ROOT, table, verdict, write_result
 
 from cg_dspy import harness
+from cg_dspy.analysis import cost_totals
 from cg_dspy.data import load_tasks
 from cg_dspy.lm import LMSettings, build_lm
 from cg_dspy.store import ResultStore
@@ -45,9 +46,9 @@ def main() -> dict:
                 harness.run(harness.build_program(method), tasks, store, lm=lm, method=method, threads=8,
                             progress=False)
                 out = list(store.rows.values())
-            calls = [sum(c["calls"] for c in r["trace"]["cost"].values()) for r in out]
-            tokens = [sum(c["prompt_tokens"] + c["completion_tokens"] for c in r["trace"]["cost"].values())
-                      for r in out]
+            totals = [cost_totals(r["trace"]["cost"].values()) for r in out]
+            calls = [t["calls"] for t in totals]
+            tokens = [t["prompt_tokens"] + t["completion_tokens"] for t in totals]
             paths = [r["trace"].get("path") for r in out]
             results[method] = {
                 "tasks": len(out),

@@ -18,6 +18,7 @@ import dspy
 from _common import Timer, finish, median, remote_lm, server_process
 
 from cg_dspy import harness
+from cg_dspy.analysis import cost_totals
 from cg_dspy.data import token_length
 from cg_dspy.schemas import Task
 from cg_dspy.store import ResultStore
@@ -43,7 +44,7 @@ def per_call_run(lm, tokens: int, tmp: Path) -> list[float]:
         with ResultStore(tmp / f"o-{tokens}-{i}.jsonl") as store, Timer() as t:
             harness.run(program, [task_of(tokens, i)], store, lm=lm, method="contextguard", threads=1,
                         progress=False)
-            calls = sum(c["calls"] for r in store.rows.values() for c in r["trace"]["cost"].values())
+            calls = cost_totals(c for r in store.rows.values() for c in r["trace"]["cost"].values())["calls"]
         out.append(t.seconds / calls)
     return out
 

@@ -19,6 +19,7 @@ import dspy
 from _common import ROOT, Timer, finish, remote_lm, server_process
 
 from cg_dspy import harness, judge
+from cg_dspy.analysis import cost_totals
 from cg_dspy.data import load_tasks
 from cg_dspy.store import ResultStore
 
@@ -56,7 +57,7 @@ def harness_run(lm, threads: int, n_tasks: int, tmp: Path) -> tuple[float, float
         harness.run(harness.build_program("contextguard"), tasks, store, lm=lm, method="contextguard",
                     threads=threads, progress=False)
         rows = list(store.rows.values())
-    calls = sum(c["calls"] for r in rows for c in r["trace"]["cost"].values())
+    calls = cost_totals(c for r in rows for c in r["trace"]["cost"].values())["calls"]
     return calls / t.seconds, n_tasks / t.seconds, rows
 
 

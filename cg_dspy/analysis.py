@@ -228,19 +228,28 @@ def judge_stability(rows: list[dict]) -> dict | None:
     return {"votes": k, "requirement": level(req), "task": level(tasks)}
 
 
+def cost_totals(stage_costs) -> dict[str, int]:
+    """LM calls and tokens summed over per-stage cost entries ({"calls", "prompt_tokens", ...})."""
+    totals = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    for c in stage_costs:
+        for key in totals:
+            totals[key] += c.get(key, 0) or 0
+    return totals
+
+
 def cost_summary(rows: list[dict]) -> dict | None:
     """LM calls, tokens and seconds per task of the generating method (None if unrecorded)."""
     costed = [r["cost"] for r in rows if isinstance(r.get("cost"), dict)]
     if not costed:
         return None
     n = len(costed)
-    stages = [c for cost in costed for c in (cost.get("stages") or {}).values()]
+    totals = cost_totals(c for cost in costed for c in (cost.get("stages") or {}).values())
     seconds = [cost["seconds"] for cost in costed if cost.get("seconds") is not None]
     return {
         "tasks": n,
-        "lm_calls_per_task": round(sum(c.get("calls", 0) for c in stages) / n, 3),
-        "prompt_tokens_per_task": round(sum(c.get("prompt_tokens", 0) for c in stages) / n, 1),
-        "completion_tokens_per_task": round(sum(c.get("completion_tokens", 0) for c in stages) / n, 1),
+        "lm_calls_per_task": round(totals["calls"] / n, 3),
+        "prompt_tokens_per_task": round(totals["prompt_tokens"] / n, 1),
+        "completion_tokens_per_task": round(totals["completion_tokens"] / n, 1),
         "seconds_per_task": round(sum(seconds) / len(seconds), 3) if seconds else None,
     }
 
@@ -307,9 +316,11 @@ def to_markdown(result: dict) -> str:
     out.append("\n### Failure rate by requirement type (%, task-averaged)\n")
     out.append(_table(["type", *names], [[t, *(runs[n]["rubric_type_failure"][t] for n in names)]
                                          for t in RUBRIC_TYPES]))
+    comparisons = dict(result.get("comparisons") or {})
     if "comparison" in result:
-        c = result["comparison"]
-        out.append(f"\n## {names[0]} → {names[1]}\n\n### Migration (rows: before, columns: after)\n")
+        comparisons[f"{names[0]} -> {names[1]}"] = result["comparison"]
+    for title, c in comparisons.items():
+        out.append(f"\n## {title}\n\n### Migration (rows: before, columns: after)\n")
         out.append(_table(["before \\ after", *NEAR_MISS_BINS],
                           [[b, *c["migration"][b].values()] for b in NEAR_MISS_BINS]))
         keys = [k for k in c if k != "migration"]

@@ -85,11 +85,13 @@ def cmd_run(args) -> int:
         if ":/" in args.program:
             tracking.setup(args.tracking_uri)
         program = load_program(args.program)
+        method = program.config()["method"]  # the saved program says what it is
     else:
         program = harness.build_program(args.method, args.ablate, args.max_rounds)
+        method = args.method
     lm = build_lm(_lm_settings(args))
     with ResultStore(args.out) as store:
-        outcome = harness.run(program, tasks, store, lm=lm, method=args.method, threads=args.threads,
+        outcome = harness.run(program, tasks, store, lm=lm, method=method, threads=args.threads,
                               progress=not args.quiet)
         _print_summary(harness.summarize(outcome, store), outcome.failed, Path(args.out))
     return _status(outcome, errors)
@@ -103,16 +105,18 @@ def cmd_eval(args) -> int:
     judge_lm = build_lm(_lm_settings(args, "judge-"), default_temperature=JUDGE_TEMPERATURE)
     outcome, graded = judge.grade_file(rows, args.out, judge_lm=judge_lm, protocol=args.protocol, votes=args.votes,
                                  early_stop=not args.no_early_stop, threads=args.threads, progress=not args.quiet)
-    summary = analysis.run_summary(graded)
+    name = Path(args.out).name
+    result = analysis.report({name: graded})  # tokenizes every conversation once
+    summary = result["runs"][name]
     if not args.no_track:
-        _track_eval(args, graded, summary)
+        _track_eval(args, result, summary)
     print(json.dumps({k: summary[k] for k in ("tasks", "solved", "task_solving_rate", "near_miss")}, indent=1))
     for idx, reason in outcome.failed:
         print(f"failed to grade {idx}: {reason}", file=sys.stderr)
     return _status(outcome, [])
 
 
-def _track_eval(args, graded: list[dict], summary: dict) -> None:
+def _track_eval(args, result: dict, summary: dict) -> None:
     from cg_dspy import tracking
 
     tracking.setup(args.tracking_uri, args.experiment)
@@ -120,8 +124,9 @@ def _track_eval(args, graded: list[dict], summary: dict) -> None:
               "early_stop": not args.no_early_stop, "judge_lm": _lm_settings(args, "judge-").describe()}
     with tracking.run(f"eval-{Path(args.results).stem}", kind="eval", params=params):
         tracking.log_summary(summary, prefix="")
-        tracking.log_metrics(analysis.cost_summary(graded) or {}, prefix="cost.")
-        tracking.log_text(analysis.to_markdown(analysis.report({Path(args.out).name: graded})), "report.md")
+        for cost in (result.get("cost") or {}).values():
+            tracking.log_metrics(cost, prefix="cost.")
+        tracking.log_text(analysis.to_markdown(result), "report.md")
 
 
 def cmd_report(args) -> int:

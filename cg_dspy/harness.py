@@ -13,6 +13,7 @@ import dspy
 import pydantic
 
 from cg_dspy.adapter import ConversationAdapter
+from cg_dspy.analysis import cost_totals
 from cg_dspy.baselines import Baseline, SelfRefine
 from cg_dspy.program import ABLATIONS, ContextGuard
 from cg_dspy.runner import Outcome, execute
@@ -110,21 +111,16 @@ def summarize(outcome: Outcome, store: ResultStore) -> dict:
     """Tasks, paths taken, LM calls, tokens and failures over the whole result file."""
     rows = list(store.rows.values())
     paths = Counter(r.get("trace", {}).get("path", "?") for r in rows)
-    calls = prompt = completion = 0
-    for r in rows:
-        for c in (r.get("trace", {}).get("cost") or {}).values():
-            calls += c.get("calls", 0)
-            prompt += c.get("prompt_tokens", 0)
-            completion += c.get("completion_tokens", 0)
+    totals = cost_totals(c for r in rows for c in (r.get("trace", {}).get("cost") or {}).values())
     return {
         "tasks": len(rows) + len(outcome.failed),
         "finished": len(rows),
         "resumed": outcome.skipped,
         "failed": len(outcome.failed),
         "paths": dict(paths),
-        "lm_calls": calls,
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
+        "lm_calls": totals["calls"],
+        "prompt_tokens": totals["prompt_tokens"],
+        "completion_tokens": totals["completion_tokens"],
         "seconds": round(outcome.seconds, 2),
         "interrupted": outcome.interrupted,
     }

@@ -141,6 +141,8 @@ def test_bench_pairs_methods_on_the_same_drafts_and_tracks_one_run(tmp_path):
     assert set(rep["comparisons"]) == {"baseline -> self-refine", "baseline -> contextguard",
                                        "baseline -> contextguard-no-reminder"}
     assert rep["cost"]["baseline"]["lm_calls_per_task"] == 1.0
+    md = (out_dir / "report.md").read_text()
+    assert "## baseline -> contextguard" in md and "## baseline -> self-refine" in md
     assert rep["cost"]["self-refine"]["lm_calls_per_task"] == 2.0  # feedback + refine on the baseline draft
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["bench-test"], output_format="list")
