@@ -11,6 +11,7 @@ context across draft, audit, checker and revision. Signatures without a
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import types
@@ -55,15 +56,48 @@ def as_messages(conversation: list[Message] | list[dict]) -> list[dict[str, str]
     return out
 
 
+def cache_type_adapters() -> None:
+    """Build each pydantic TypeAdapter DSPy's adapters use once per type, not per call.
+
+    DSPy 3.4 constructs a TypeAdapter (a full pydantic schema build, ~70 us for a list
+    of audit items) for every input it serializes and every output field it parses, on
+    every call: about 0.5 ms of each ContextGuard call. A TypeAdapter is immutable and
+    thread-safe, so one per type serves every call; unhashable types and adapters built
+    with options are made as before.
+    """
+    from dspy.adapters import utils
+
+    if getattr(utils.TypeAdapter, "_cg_cached", False):
+        return
+    build = pydantic.TypeAdapter
+    cached = functools.lru_cache(maxsize=1024)(build)
+
+    def type_adapter(annotation, *args, **kwargs):
+        if not args and not kwargs:
+            try:
+                return cached(annotation)
+            except TypeError:  # unhashable annotation
+                pass
+        return build(annotation, *args, **kwargs)
+
+    type_adapter._cg_cached = True
+    utils.TypeAdapter = type_adapter
+
+
 class CachedResponseFormat:
     """Decide each (LM, output fields) response format once, not on every call.
 
     DSPy works it out per call from a model-catalog lookup and a freshly built pydantic
     model; for a model the catalog does not know, that lookup scans the whole catalog.
+    Constructing one also makes DSPy's per-type validators cached (`cache_type_adapters`).
     """
 
     _formats: dict = {}
     _lock = threading.Lock()
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        cache_type_adapters()
 
     def _prepare_response_format(self, lm, lm_kwargs, signature):
         key = (lm.model, type(getattr(lm, "engine", None)).__name__, str(lm.kwargs.get("api_base")),
