@@ -141,11 +141,7 @@ class ConversationAdapter(CachedResponseFormat, dspy.JSONAdapter):
         fields = self._fields(signature, inputs)
         if fields:
             parts.append(fields)
-        keys = "\n".join(
-            f'- "{name}": {_shape(f.annotation)}. {f.json_schema_extra.get("desc", "")}'
-            for name, f in signature.output_fields.items()
-        )
-        parts.append(f"Respond with only a JSON object with these keys, in this order:\n{keys}")
+        parts.append(_output_format(signature))
         return "\n\n".join(parts)
 
     @staticmethod
@@ -158,6 +154,16 @@ class ConversationAdapter(CachedResponseFormat, dspy.JSONAdapter):
             text = value if isinstance(value, str) else json.dumps(_jsonable(value), ensure_ascii=False)
             shown.append(f"[{name}]\n{text}")
         return "\n\n".join(shown)
+
+
+@functools.lru_cache(maxsize=256)
+def _output_format(signature) -> str:
+    """The output keys and their shapes: fixed per signature, so written once."""
+    keys = "\n".join(
+        f'- "{name}": {_shape(f.annotation)}. {f.json_schema_extra.get("desc", "")}'
+        for name, f in signature.output_fields.items()
+    )
+    return f"Respond with only a JSON object with these keys, in this order:\n{keys}"
 
 
 def _jsonable(value: Any) -> Any:
