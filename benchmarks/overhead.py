@@ -2,9 +2,9 @@
 
 Every call of a ContextGuard run (stage formatting, parsing, plan, guard, storing the
 row) is timed end to end and divided by its LM calls; bare `dspy.Predict` sends a
-prompt of the same size to the same server. Both include the HTTP round trip, so the
-ratio is what the project adds. Target: median ratio <= 1.5 for 2K- and 20K-token
-conversations.
+prompt of the same size to the same server, in turn with the runs, 25 times each.
+Both include the HTTP round trip, so the ratio is what the project adds. Target:
+median ratio <= 1.5 for 2K- and 20K-token conversations.
 
     python benchmarks/overhead.py
 """
@@ -23,7 +23,7 @@ from cg_dspy.data import token_length
 from cg_dspy.schemas import Task
 from cg_dspy.store import ResultStore
 
-REPEATS = 7
+REPEATS = 25
 WORDS = "The council minutes record that the eastern granary holds forty sacks of barley. "
 
 
@@ -37,38 +37,41 @@ def task_of(tokens: int, i: int) -> Task:
                      "sub_category": "Management"}})
 
 
-def per_call_run(lm, tokens: int, tmp: Path) -> list[float]:
-    program = harness.build_program("contextguard")
-    out = []
-    for i in range(REPEATS):
-        with ResultStore(tmp / f"o-{tokens}-{i}.jsonl") as store, Timer() as t:
-            harness.run(program, [task_of(tokens, i)], store, lm=lm, method="contextguard", threads=1,
-                        progress=False)
-            calls = cost_totals(c for r in store.rows.values() for c in r["trace"]["cost"].values())["calls"]
-        out.append(t.seconds / calls)
-    return out
+def per_call_run(lm, program, task: Task, path: Path) -> float:
+    """Seconds per LM call of one task through `run`: stages, parsing, guard, storing."""
+    with ResultStore(path) as store, Timer() as t:
+        harness.run(program, [task], store, lm=lm, method="contextguard", threads=1, progress=False)
+        calls = cost_totals(c for r in store.rows.values() for c in r["trace"]["cost"].values())["calls"]
+    return t.seconds / calls
 
 
-def per_call_bare(lm, tokens: int) -> list[float]:
+def per_call_bare(lm, task: Task, i: int) -> float:
     predict = dspy.Predict("context, question -> answer")
-    out = []
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()), Timer() as t:
+        predict(context=task.messages[1].content, question=f"How many sacks? ({i})")
+    return t.seconds
+
+
+def measure(lm, tokens: int, tmp: Path) -> tuple[float, float]:
+    """Median seconds per call, run and bare taken in turn so machine noise hits both."""
+    program = harness.build_program("contextguard")
+    per_call_run(lm, program, task_of(tokens, -1), tmp / f"warm-{tokens}.jsonl")  # first-use costs
+    run, bare = [], []
     for i in range(REPEATS):
         task = task_of(tokens, i)
-        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()), Timer() as t:
-            predict(context=task.messages[1].content, question=f"How many sacks? ({i})")
-        out.append(t.seconds)
-    return out
+        run.append(per_call_run(lm, program, task, tmp / f"o-{tokens}-{i}.jsonl"))
+        bare.append(per_call_bare(lm, task, i))
+    return median(run), median(bare)
 
 
 def main() -> dict:
     results, rows = {}, []
     with server_process(0.0) as url, tempfile.TemporaryDirectory() as tmp:
         lm = remote_lm(url)
-        per_call_bare(lm, 500)  # warm up imports and connections
+        per_call_bare(lm, task_of(500, -1), -1)  # warm up imports and connections
         for tokens in (2_000, 20_000):
             measured = token_length(task_of(tokens, 0).messages)
-            run = median(per_call_run(lm, tokens, Path(tmp)))
-            bare = median(per_call_bare(lm, tokens))
+            run, bare = measure(lm, tokens, Path(tmp))
             results[tokens] = {"conversation_tokens": measured, "run_s_per_call": run, "bare_s_per_call": bare,
                                "ratio": run / bare}
             rows.append([tokens, measured, run * 1000, bare * 1000, run / bare])
