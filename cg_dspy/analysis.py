@@ -229,8 +229,8 @@ def judge_stability(rows: list[dict]) -> dict | None:
 
 
 def cost_totals(stage_costs) -> dict[str, int]:
-    """LM calls and tokens summed over per-stage cost entries ({"calls", "prompt_tokens", ...})."""
-    totals = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    """LM calls, cache hits and tokens summed over per-stage cost entries ({"calls", ...})."""
+    totals = {"calls": 0, "cached": 0, "prompt_tokens": 0, "completion_tokens": 0}
     for c in stage_costs:
         for key in totals:
             totals[key] += c.get(key, 0) or 0
@@ -248,6 +248,7 @@ def cost_summary(rows: list[dict]) -> dict | None:
     return {
         "tasks": n,
         "lm_calls_per_task": round(totals["calls"] / n, 3),
+        "cached_answers_per_task": round(totals["cached"] / n, 3),
         "prompt_tokens_per_task": round(totals["prompt_tokens"] / n, 1),
         "completion_tokens_per_task": round(totals["completion_tokens"] / n, 1),
         "seconds_per_task": round(sum(seconds) / len(seconds), 3) if seconds else None,
@@ -326,7 +327,8 @@ def to_markdown(result: dict) -> str:
         keys = [k for k in c if k != "migration"]
         out.append("\n" + _table(["measure", "value"], [[k, c[k]] for k in keys]))
     if result.get("cost"):
-        keys = ["lm_calls_per_task", "prompt_tokens_per_task", "completion_tokens_per_task", "seconds_per_task"]
+        keys = ["lm_calls_per_task", "cached_answers_per_task", "prompt_tokens_per_task",
+                "completion_tokens_per_task", "seconds_per_task"]
         out.append("\n### Generation cost per task\n")
         out.append(_table(["run", *keys], [[n, *(c[k] for k in keys)] for n, c in result["cost"].items()]))
     for name, s in (result.get("judge_stability") or {}).items():

@@ -119,6 +119,7 @@ def summarize(outcome: Outcome, store: ResultStore) -> dict:
         "failed": len(outcome.failed),
         "paths": dict(paths),
         "lm_calls": totals["calls"],
+        "cached_answers": totals["cached"],
         "prompt_tokens": totals["prompt_tokens"],
         "completion_tokens": totals["completion_tokens"],
         "seconds": round(outcome.seconds, 2),

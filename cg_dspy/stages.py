@@ -9,11 +9,13 @@ its reason, as the paper counts missing generations as unsolved.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import dspy
 import pydantic
 from dspy.utils.exceptions import AdapterParseError
-from dspy.utils.usage_tracker import track_usage
+from dspy.utils.usage_tracker import UsageTracker
 
 
 class StageFailure(Exception):
@@ -25,7 +27,7 @@ class Stages:
 
     def __init__(self) -> None:
         self.cost: dict[str, dict[str, int]] = defaultdict(
-            lambda: {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+            lambda: {"calls": 0, "cached": 0, "prompt_tokens": 0, "completion_tokens": 0}
         )
         self.failures: list[str] = []
 
@@ -36,10 +38,14 @@ class Stages:
         reply when it is not the JSON asked for: a model that answers in plain prose
         still answered.
         """
-        with track_usage() as tracker:
+        answered = False
+        with counting_calls() as tracker:
             try:
-                return predictor(**inputs)
+                out = predictor(**inputs)
+                answered = True
+                return out
             except (AdapterParseError, pydantic.ValidationError) as exc:
+                answered = True
                 raw = (getattr(exc, "lm_response", None) or "").strip()
                 fields = list(predictor.signature.output_fields)
                 if raw_text_ok and raw and len(fields) == 1:
@@ -49,15 +55,50 @@ class Stages:
                 self.failures.append(reason)
                 raise StageFailure(reason) from exc
             finally:
-                self._account(name, tracker)
+                self._account(name, tracker, answered)
 
-    def _account(self, name: str, tracker) -> None:
+    def _account(self, name: str, tracker: CallTracker, answered: bool) -> None:
         entry = self.cost[name]
+        entry["calls"] += tracker.calls
+        if answered and not tracker.calls:
+            entry["cached"] += 1  # an answer without an LM call came from DSPy's cache
         for usages in tracker.usage_data.values():
             for usage in usages:
-                entry["calls"] += 1
                 entry["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
                 entry["completion_tokens"] += int(usage.get("completion_tokens") or 0)
+
+
+class CallTracker(UsageTracker):
+    """DSPy's usage tracker that also counts LM calls.
+
+    DSPy reports every call that was not a cache hit to the tracker, but UsageTracker
+    drops the report when the server sent no usage (many OpenAI-compatible servers
+    do not), so counting its entries would count such calls as zero.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def add_usage(self, lm: str, usage_entry: dict) -> None:
+        self.calls += 1
+        super().add_usage(lm, usage_entry)
+
+
+@contextmanager
+def counting_calls() -> Iterator[CallTracker]:
+    """Like `dspy.track_usage`, with a CallTracker; usage still reaches an outer tracker."""
+    tracker = CallTracker()
+    parent = dspy.settings.usage_tracker
+    with dspy.settings.context(usage_tracker=tracker):
+        try:
+            yield tracker
+        finally:
+            if parent is not None:
+                for lm, entries in tracker.usage_data.items():
+                    parent.usage_data[lm].extend(entries)
+                if isinstance(parent, CallTracker):
+                    parent.calls += tracker.calls
 
 
 def _first_line(exc: BaseException) -> str:

@@ -55,10 +55,11 @@ class ChatServer:
     """Start with `with ChatServer() as server:`; `server.base_url` ends in /v1."""
 
     def __init__(self, reply: Callable[[list[dict]], str] = default_reply, latency: float = 0.0,
-                 model_context: int = 32_768):
+                 model_context: int = 32_768, report_usage: bool = True):
         self.reply = reply
         self.latency = latency
         self.model_context = model_context
+        self.report_usage = report_usage  # some OpenAI-compatible servers send no `usage`
         self.faults: list[Fault] = []
         self.requests: list[dict] = []
         self.arrivals: list[float] = []
@@ -140,14 +141,16 @@ class ChatServer:
                 if content is None:
                     content = server.reply(messages)
                 words = len(prompt.split())
-                self._json(200, {
+                answer = {
                     "id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()),
                     "model": body.get("model", "test-model"),
                     "choices": [{"index": 0, "finish_reason": "stop",
                                  "message": {"role": "assistant", "content": content}}],
-                    "usage": {"prompt_tokens": words, "completion_tokens": len(content.split()),
-                              "total_tokens": words + len(content.split())},
-                })
+                }
+                if server.report_usage:
+                    answer["usage"] = {"prompt_tokens": words, "completion_tokens": len(content.split()),
+                                       "total_tokens": words + len(content.split())}
+                self._json(200, answer)
 
             def _json(self, status: int, payload: dict, headers: dict | None = None):
                 data = json.dumps(payload).encode()

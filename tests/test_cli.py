@@ -54,6 +54,25 @@ def test_run_eval_report_against_an_openai_compatible_server(tmp_path):
     assert (tmp_path / "plots" / "tsr_by_length.png").exists()
 
 
+def test_calls_count_without_server_usage_and_cache_hits_count_apart(tmp_path):
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    with ChatServer(report_usage=False) as server:
+        args = ["--method", "contextguard", "--model", "openai/test-model", "--api-base", server.base_url, "--quiet"]
+        r = cli("run", str(DATA / "demo.jsonl"), "--out", str(first), *args)
+        assert r.returncode == 0, r.stderr
+        summary = json.loads(r.stdout)
+        assert summary["lm_calls"] == len(server.requests) == 10 and summary["cached_answers"] == 0
+        assert summary["prompt_tokens"] == 0  # the server reported none
+        r = cli("run", str(DATA / "demo.jsonl"), "--out", str(second), *args)  # same prompts: DSPy's cache
+        assert r.returncode == 0, r.stderr
+        summary = json.loads(r.stdout)
+        assert len(server.requests) == 10 and summary["lm_calls"] == 0 and summary["cached_answers"] == 10
+    before = {row["idx"]: row["trace"]["cost"] for row in read_rows(first)}
+    for row in read_rows(second):
+        for stage, cost in row["trace"]["cost"].items():
+            assert (cost["calls"], cost["cached"]) == (0, before[row["idx"]][stage]["calls"]) == (0, 1)
+
+
 def test_failed_task_is_recorded_others_finish_and_rerun_retries_it(tmp_path):
     out = tmp_path / "out.jsonl"
     with ChatServer() as server:
