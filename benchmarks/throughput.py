@@ -6,6 +6,10 @@ stands bare `dspy.Predict` against the same server with the same threads: the fl
 the harness is measured against. Targets: harness >= 0.9 x bare at 16 and 64 threads,
 and >= 0.9 x the latency bound at 4 threads.
 
+At 16 and 64 threads both sides are CPU-bound on this 2-core machine (DSPy's own work
+per call, under one GIL), so a neighbour's burst moves a single reading by several
+percent: each figure is the best of two rounds, the rounds taken in turn.
+
     python benchmarks/throughput.py
 """
 
@@ -27,12 +31,15 @@ LATENCY = 0.05
 THREADS = (1, 4, 16, 64)
 
 
+ROUNDS = 2
+BOUND_THREADS = 4  # where the target is the latency bound
+
+
 def tasks_per_thread(threads: int) -> int:
     """A batch ends with a drain (workers idle while the last tasks finish), about half
     a task per thread. 64 tasks per thread keep it near 1%, as in a CL-bench-sized run,
-    where the target is the latency bound; 16 keep the many-thread runs short, where
-    the target compares with bare Predict."""
-    return 64 if threads <= 4 else 16
+    where the target is the latency bound; 16 keep the other runs short."""
+    return 64 if threads == BOUND_THREADS else 16
 
 
 def replicated(n: int):
@@ -59,9 +66,9 @@ def bare_predict(lm, threads: int, calls: int) -> float:
     return calls / t.seconds
 
 
-def harness_run(lm, threads: int, n_tasks: int, tmp: Path) -> tuple[float, float, list[dict]]:
+def harness_run(lm, threads: int, n_tasks: int, path: Path) -> tuple[float, float, list[dict]]:
     tasks = replicated(n_tasks)
-    with ResultStore(tmp / f"run-{threads}.jsonl") as store, Timer() as t:
+    with ResultStore(path) as store, Timer() as t:
         harness.run(harness.build_program("contextguard"), tasks, store, lm=lm, method="contextguard",
                     threads=threads, progress=False)
         rows = list(store.rows.values())
@@ -69,10 +76,9 @@ def harness_run(lm, threads: int, n_tasks: int, tmp: Path) -> tuple[float, float
     return calls / t.seconds, n_tasks / t.seconds, rows
 
 
-def harness_eval(lm, threads: int, rows: list[dict], tmp: Path) -> float:
+def harness_eval(lm, threads: int, rows: list[dict], path: Path) -> float:
     with Timer() as t:
-        _, graded = judge.grade_file(rows, str(tmp / f"graded-{threads}.jsonl"), judge_lm=lm, votes=3,
-                                     threads=threads, progress=False)
+        _, graded = judge.grade_file(rows, str(path), judge_lm=lm, votes=3, threads=threads, progress=False)
     return sum(len(v) for g in graded for v in g["votes"]) / t.seconds
 
 
@@ -80,11 +86,14 @@ def main() -> dict:
     results, rows = {}, []
     with server_process(LATENCY) as url, tempfile.TemporaryDirectory() as tmp:
         for threads in THREADS:
-            lm = remote_lm(url)
-            n_tasks = threads * tasks_per_thread(threads)
-            run_cps, run_tps, out = harness_run(lm, threads, n_tasks, Path(tmp))
-            eval_cps = harness_eval(lm, threads, out, Path(tmp))
-            bare = bare_predict(remote_lm(url), threads, threads * 40)
+            run_cps = run_tps = eval_cps = bare = 0.0
+            for r in range(ROUNDS):
+                lm = remote_lm(url)
+                n_tasks = threads * tasks_per_thread(threads)
+                cps, tps, out = harness_run(lm, threads, n_tasks, Path(tmp) / f"run-{threads}-{r}.jsonl")
+                run_cps, run_tps = max(run_cps, cps), max(run_tps, tps)
+                eval_cps = max(eval_cps, harness_eval(lm, threads, out, Path(tmp) / f"graded-{threads}-{r}.jsonl"))
+                bare = max(bare, bare_predict(remote_lm(url), threads, threads * 40))
             bound = threads / LATENCY
             results[threads] = {"run_calls_per_s": run_cps, "run_tasks_per_s": run_tps, "eval_calls_per_s": eval_cps,
                                 "bare_predict_calls_per_s": bare, "latency_bound_calls_per_s": bound}
@@ -93,11 +102,12 @@ def main() -> dict:
         f"harness_ge_0.9x_bare_at_{t}": min(results[t]["run_calls_per_s"], results[t]["eval_calls_per_s"])
         >= 0.9 * results[t]["bare_predict_calls_per_s"] for t in (16, 64)
     }
-    targets["harness_ge_0.9x_latency_bound_at_4"] = min(
-        results[4]["run_calls_per_s"], results[4]["eval_calls_per_s"]) >= 0.9 * results[4]["latency_bound_calls_per_s"]
+    at = results[BOUND_THREADS]
+    targets[f"harness_ge_0.9x_latency_bound_at_{BOUND_THREADS}"] = min(
+        at["run_calls_per_s"], at["eval_calls_per_s"]) >= 0.9 * at["latency_bound_calls_per_s"]
     return finish("throughput", ["threads", "run tasks/s", "run calls/s", "eval calls/s", "bare Predict calls/s",
                                  "bound calls/s", "harness/bare"], rows, targets,
-                  {"latency_s": LATENCY, "threads": results})
+                  {"latency_s": LATENCY, "rounds": ROUNDS, "threads": results})
 
 
 if __name__ == "__main__":
