@@ -23,7 +23,7 @@ class StageFailure(Exception):
 
 
 class Stages:
-    """Per-task bookkeeping: calls and tokens per stage, failures in order."""
+    """Per-task bookkeeping: LM calls, cache hits and tokens per stage; failures in order."""
 
     def __init__(self) -> None:
         self.cost: dict[str, dict[str, int]] = defaultdict(
