@@ -98,6 +98,18 @@ def generation_cost(row: dict) -> dict:
     return out
 
 
+def _graded(row: dict, protocol: str) -> dict:
+    """A graded row's CL-bench fields, its protocol and the generation's cost."""
+    kept = {k: row[k] for k in ("idx", "messages", "model_output", "rubrics", "metadata") if k in row}
+    return {**kept, "protocol": protocol, **generation_cost(row)}
+
+
+def unsolved(row: dict, protocol: str, rationale: str) -> dict:
+    """A graded row with every requirement unsatisfied, made without a judge call."""
+    return {**_graded(row, protocol), "requirement_status": ["no"] * len(row.get("rubrics") or []),
+            "score": 0, "grading_rationale": rationale}
+
+
 def grade_row(
     row: dict,
     *,
@@ -112,19 +124,12 @@ def grade_row(
     A missing or failed generation is graded without any judge call: every requirement
     unsatisfied, score 0.
     """
-    rubrics = list(row.get("rubrics") or [])
-    graded = {k: row[k] for k in ("idx", "messages", "model_output", "rubrics", "metadata") if k in row}
-    graded["protocol"] = protocol
-    graded.update(generation_cost(row))
     output = row.get("model_output") or ""
     if row.get("error") or not output.strip():
         reason = row.get("error") or "empty model output"
-        graded.update(
-            requirement_status=["no"] * len(rubrics),
-            score=0,
-            grading_rationale=f"No usable model output ({reason}); every requirement counts as unsatisfied.",
-        )
-        return graded
+        return unsolved(row, protocol, f"No usable model output ({reason}); every requirement counts as unsatisfied.")
+    rubrics = list(row.get("rubrics") or [])
+    graded = _graded(row, protocol)
     if protocol == "joint":
         with dspy.context(lm=judge_lm, adapter=JSONAdapter()):
             out = JointJudge()(response=output, rubrics=rubrics)
@@ -179,10 +184,7 @@ def grade_file(
 
     def failed(idx: str, reason: str) -> dict:
         """A task whose grading failed: unsolved in every report, graded again on rerun."""
-        row = source[idx]
-        graded = {k: row[k] for k in ("idx", "messages", "model_output", "rubrics", "metadata") if k in row}
-        return {**graded, "protocol": protocol, "requirement_status": ["no"] * len(row.get("rubrics") or []),
-                "score": 0, "grading_rationale": f"Grading failed: {reason}"}
+        return unsolved(source[idx], protocol, f"Grading failed: {reason}")
 
     with ResultStore(out) as store, ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         # A graded answer that no longer matches its result row (the task was rerun) is stale.
