@@ -109,23 +109,21 @@ def cmd_eval(args) -> int:
     result = analysis.report({name: graded})  # tokenizes every conversation once
     summary = result["runs"][name]
     if not args.no_track:
-        _track_eval(args, result, summary)
+        _track_eval(args, result)
     print(json.dumps({k: summary[k] for k in ("tasks", "solved", "task_solving_rate", "near_miss")}, indent=1))
     for idx, reason in outcome.failed:
         print(f"failed to grade {idx}: {reason}", file=sys.stderr)
     return _status(outcome, [])
 
 
-def _track_eval(args, result: dict, summary: dict) -> None:
+def _track_eval(args, result: dict) -> None:
     from cg_dspy import tracking
 
     tracking.setup(args.tracking_uri, args.experiment)
     params = {"results": args.results, "protocol": args.protocol, "votes": args.votes,
               "early_stop": not args.no_early_stop, "judge_lm": _lm_settings(args, "judge-").describe()}
     with tracking.run(f"eval-{Path(args.results).stem}", kind="eval", params=params):
-        tracking.log_summary(summary, prefix="")
-        for cost in (result.get("cost") or {}).values():
-            tracking.log_metrics(cost, prefix="cost.")
+        tracking.log_report(result, per_run=False)
         tracking.log_text(analysis.to_markdown(result), "report.md")
 
 
@@ -173,10 +171,7 @@ def cmd_bench(args) -> int:
         with tracking.run(f"bench-{Path(args.out_dir).name}", kind="bench", params=params):
             code = go()
             report = json.loads((Path(args.out_dir) / "report.json").read_text(encoding="utf-8"))
-            for name, summary in report["runs"].items():
-                tracking.log_summary(summary, prefix=f"{name}.")
-            for name, cost in (report.get("cost") or {}).items():
-                tracking.log_metrics(cost, prefix=f"{name}.cost.")
+            tracking.log_report(report, per_run=True)
             tracking.log_artifacts(args.out_dir, "bench")
     return EXIT_FAILED if errors and code == EXIT_OK else code
 

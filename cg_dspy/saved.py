@@ -14,8 +14,6 @@ from pathlib import Path
 
 import dspy
 
-PROGRAM_ARTIFACT = "program.json"
-
 
 def build_from_config(config: dict) -> dspy.Module:
     """A fresh, untuned program from a saved `cg_dspy` block."""
@@ -61,5 +59,6 @@ def load_program(source: str | Path, *, allow_pickle: bool = False) -> dspy.Modu
     if state is not None:
         return program_from_state(state)
     if not allow_pickle:
-        raise ValueError(f"{text} holds no {PROGRAM_ARTIFACT}; pass allow_pickle=True to unpickle an MLflow model")
+        raise ValueError(f"{text} holds no {tracking.PROGRAM_ARTIFACT}; "
+                         "pass allow_pickle=True to unpickle an MLflow model")
     return tracking.load_pickled_model(text)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_EXPERIMENT = "contextguard"
+PROGRAM_ARTIFACT = "program.json"  # a run's compiled program, as JSON state
 KIND_TAG = "cg_dspy.kind"
 _SECRET_NAME = re.compile(r"key|token|secret|password|credential", re.IGNORECASE)
 
@@ -94,6 +95,16 @@ def log_summary(summary: dict, prefix: str) -> None:
     log_metrics(metrics, prefix)
 
 
+def log_report(report: dict, *, per_run: bool) -> None:
+    """Each run's summary and generation cost of an analysis.report; `per_run` prefixes
+    the metric names with the run's name (several runs in one MLflow run)."""
+    for name, summary in report["runs"].items():
+        prefix = f"{name}." if per_run else ""
+        log_summary(summary, prefix)
+        if (report.get("cost") or {}).get(name):
+            log_metrics(report["cost"][name], prefix=f"{prefix}cost.")
+
+
 def log_text(text: str, artifact_file: str) -> None:
     _mlflow().log_text(redact(text), artifact_file)
 
@@ -115,7 +126,7 @@ def log_program(program, *, log_model: bool = True) -> None:
     """The compiled program as JSON state, readable prompts, and an MLflow DSPy model."""
     mlflow = _mlflow()
     state = program.dump_state()
-    mlflow.log_dict(redact(state), "program.json")
+    mlflow.log_dict(redact(state), PROGRAM_ARTIFACT)
     prompts = prompts_of(program)
     mlflow.log_dict(redact(prompts), "prompts/prompts.json")
     for name, p in prompts.items():
@@ -150,7 +161,7 @@ def _run_artifact_uri(uri: str, artifact: str) -> str:
 def load_program_state(uri: str) -> dict | None:
     """The JSON state logged with a run (`runs:/ID` or `runs:/ID/program.json`), or None."""
     mlflow = _mlflow()
-    target = _run_artifact_uri(uri, "program.json")
+    target = _run_artifact_uri(uri, PROGRAM_ARTIFACT)
     if not target.endswith(".json"):
         return None
     with tempfile.TemporaryDirectory() as tmp:
