@@ -28,16 +28,19 @@ def method_names() -> list[str]:
     return [*METHODS, *(f"contextguard-no-{a}" for a in ABLATIONS)]
 
 
-def build_program(method: str, ablate: tuple[str, ...] | list[str] = (), max_rounds: int = 1) -> dspy.Module:
-    """The module for a method name; `contextguard-no-X` is ContextGuard with X ablated."""
+def build_program(method: str, ablate: tuple[str, ...] | list[str] = (), max_rounds: int = 1,
+                  **options) -> dspy.Module:
+    """The module for a method name; `contextguard-no-X` is ContextGuard with X ablated.
+    `options` (min_length_ratio, policy) go to ContextGuard."""
     if method == "baseline":
         return Baseline()
     if method == "self-refine":
         return SelfRefine()
     if method == "contextguard":
-        return ContextGuard(ablate=ablate, max_rounds=max_rounds)
+        return ContextGuard(ablate=ablate, max_rounds=max_rounds, **options)
     if method.startswith("contextguard-no-"):
-        return ContextGuard(ablate=(*ablate, method.removeprefix("contextguard-no-")), max_rounds=max_rounds)
+        return ContextGuard(ablate=(*ablate, method.removeprefix("contextguard-no-")), max_rounds=max_rounds,
+                            **options)
     raise ValueError(f"unknown method {method!r}; choose from {method_names()}")
 
 

@@ -17,21 +17,16 @@ import dspy
 
 def build_from_config(config: dict) -> dspy.Module:
     """A fresh, untuned program from a saved `cg_dspy` block."""
-    from cg_dspy.baselines import Baseline, SelfRefine
-    from cg_dspy.program import ContextGuard
+    from cg_dspy.categories import SpecialistPolicy
+    from cg_dspy.harness import build_program
 
-    method = config.get("method", "contextguard")
-    if method == "baseline":
-        return Baseline()
-    if method == "self-refine":
-        return SelfRefine()
-    if method == "contextguard":
-        from cg_dspy.categories import SpecialistPolicy
-
-        policy = {c: SpecialistPolicy(*p) for c, p in (config.get("policy") or {}).items()} or None
-        return ContextGuard(ablate=tuple(config.get("ablate") or ()), max_rounds=int(config.get("max_rounds", 1)),
-                            min_length_ratio=float(config.get("min_length_ratio", 0.5)), policy=policy)
-    raise ValueError(f"unknown method {method!r} in saved program")
+    options = {}
+    if "min_length_ratio" in config:
+        options["min_length_ratio"] = float(config["min_length_ratio"])
+    if config.get("policy"):
+        options["policy"] = {c: SpecialistPolicy(*p) for c, p in config["policy"].items()}
+    return build_program(config.get("method", "contextguard"), tuple(config.get("ablate") or ()),
+                         int(config.get("max_rounds", 1)), **options)
 
 
 def program_from_state(state: dict) -> dspy.Module:

@@ -192,3 +192,19 @@ def test_plain_prose_draft_is_kept_as_the_answer(proc_task):
     pred, _ = run(Baseline(), proc_task, script(generate="Step 1: check the oven. Step 2: switch it on."))
     assert pred.answer == "Step 1: check the oven. Step 2: switch it on."
     assert pred.failures == ["draft: reply was not JSON; its raw text is used"]
+
+
+def test_saved_program_rebuilds_with_its_configuration(tmp_path):
+    from cg_dspy.categories import SpecialistPolicy
+    from cg_dspy.saved import load_program
+
+    policy = {"Rule System Application": SpecialistPolicy("rules", "separate")}
+    program = ContextGuard(ablate=("guard",), max_rounds=2, min_length_ratio=0.7, policy=policy)
+    program.revise.signature = program.revise.signature.with_instructions("Fix only the fix set.")
+    program.save(str(tmp_path / "p.json"))
+    loaded = load_program(tmp_path / "p.json")
+    assert loaded.config() == {"method": "contextguard", "ablate": ["guard"], "max_rounds": 2,
+                               "min_length_ratio": 0.7, "policy": {"Rule System Application": ["rules", "separate"]}}
+    assert loaded.revise.signature.instructions == "Fix only the fix set."
+    SelfRefine().save(str(tmp_path / "s.json"))
+    assert isinstance(load_program(tmp_path / "s.json"), SelfRefine)
