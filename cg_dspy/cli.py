@@ -17,6 +17,7 @@ from cg_dspy import analysis, data, harness, judge
 from cg_dspy.lm import LMSettings, build_lm
 from cg_dspy.program import ABLATIONS
 from cg_dspy.store import ResultStore, read_rows
+from optimize.recipes import BUDGETS, RECIPES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 JUDGE_TEMPERATURE = 0.6
@@ -292,10 +293,10 @@ def parser() -> argparse.ArgumentParser:
     tracked(b)
 
     o = sub.add_parser("optimize", help="compile ContextGuard with a DSPy optimizer, tracked in MLflow")
-    o.add_argument("--optimizer", required=True, choices=("mipro", "gepa", "simba", "bootstrap"))
+    o.add_argument("--optimizer", required=True, choices=sorted(RECIPES))
     o.add_argument("--train", required=True, help="tasks: JSONL file, tencent/CL-bench, or MANIFEST.json#train")
     o.add_argument("--dev", required=True, help="tasks for scoring candidates and the result")
-    o.add_argument("--budget", choices=("light", "medium", "heavy"), default="light")
+    o.add_argument("--budget", choices=BUDGETS, default="light")
     o.add_argument("--out", required=True, help="compiled program (JSON state)")
     o.add_argument("--method", default="contextguard", choices=harness.METHODS)
     o.add_argument("--ablate", nargs="*", choices=ABLATIONS, default=[])
