@@ -15,7 +15,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from _common import ROOT, table, verdict, write_result
+from _common import ROOT, finish
 
 from cg_dspy import harness
 from cg_dspy.analysis import cost_totals
@@ -70,15 +70,10 @@ def main() -> dict:
         "contextguard_calls_when_revised_le_4": cg["max_calls_revised"] <= 4,
         "contextguard_calls_on_early_return_le_3": cg["max_calls_early_return"] <= 3,
     }
-    print(table(["method", "calls/task", "x baseline", "tokens/task", "x baseline", "early-return share"], rows))
-    print(f"\nContextGuard calls on a revised task: at most {cg['max_calls_revised']} (target <= 4): "
-          f"{verdict(targets['contextguard_calls_when_revised_le_4'])}")
-    print(f"ContextGuard calls on an early return: at most {cg['max_calls_early_return']} (target <= 3): "
-          f"{verdict(targets['contextguard_calls_on_early_return_le_3'])}")
-    payload = {"methods": results, "targets": targets}
-    print(f"\nwritten: {write_result('cost', payload)}")
-    return payload
-
+    print(f"ContextGuard calls at most: {cg['max_calls_revised']} on a revised task, "
+          f"{cg['max_calls_early_return']} on an early return\n")
+    return finish("cost", ["method", "calls/task", "x baseline", "tokens/task", "x baseline", "early-return share"],
+                  rows, targets, {"methods": results})
 
 if __name__ == "__main__":
     main()

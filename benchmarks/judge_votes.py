@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import sys
 
-from _common import ROOT, table, verdict, write_result
+from _common import ROOT, finish
 
 sys.path.insert(0, str(ROOT / "tests"))
 import dspy  # noqa: E402
@@ -64,12 +64,8 @@ def main() -> dict:
             rows.append([key, full_calls, early_calls, early_calls / full_calls, full_labels == early_labels])
     target = results["K=3,agreement=0.9"]
     ok = target["ratio"] <= 0.75 and all(r["labels_identical"] for r in results.values())
-    print(table(["setting", "full-K calls", "early-stop calls", "ratio", "labels identical"], rows))
-    print(f"\nK=3 at 90% agreement: ratio {target['ratio']:.3f} (target <= 0.75, labels identical): {verdict(ok)}")
-    payload = {"requirements": REQUIREMENTS, "settings": results, "targets": {"early_stop_k3_le_0.75": ok}}
-    print(f"\nwritten: {write_result('judge_votes', payload)}")
-    return payload
-
+    return finish("judge_votes", ["setting", "full-K calls", "early-stop calls", "ratio", "labels identical"], rows,
+                  {"early_stop_k3_le_0.75": ok}, {"requirements": REQUIREMENTS, "settings": results})
 
 if __name__ == "__main__":
     main()

@@ -10,11 +10,10 @@ leading bytes are divided by the bytes of the conversation part. Target: >= 0.9.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
-from _common import ROOT, table, verdict, write_result
+from _common import ROOT, finish
 
 sys.path.insert(0, str(ROOT / "tests"))
 import dspy  # noqa: E402
@@ -46,14 +45,9 @@ def main() -> dict:
                 shares.setdefault(f"{method}:{call.stage}", []).append(min(1.0, shared / len(conversation)))
     rows = [[stage, len(v), min(v), sum(v) / len(v)] for stage, v in shares.items()]
     ok = all(min(v) >= 0.9 for v in shares.values())
-    print(table(["stage", "prompts", "min shared fraction", "mean"], rows))
-    print(f"\nevery stage shares >= 0.9 of the conversation with the draft prompt: {verdict(ok)}")
-    payload = {"stages": {k: {"prompts": len(v), "min": min(v), "mean": sum(v) / len(v)} for k, v in shares.items()},
-               "targets": {"prefix_share_ge_0.9": ok}}
-    print(f"\nwritten: {write_result('prefix', payload)}")
-    print(json.dumps(payload["targets"]))
-    return payload
-
+    return finish("prefix", ["stage", "prompts", "min shared fraction", "mean"], rows, {"prefix_share_ge_0.9": ok},
+                  {"stages": {k: {"prompts": len(v), "min": min(v), "mean": sum(v) / len(v)}
+                              for k, v in shares.items()}})
 
 if __name__ == "__main__":
     main()
