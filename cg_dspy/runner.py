@@ -56,7 +56,7 @@ def execute(
     queue = iter(pending)
     in_flight: dict[Future, str] = {}
     stop = threading.Event()
-    shown = [0.0]
+    shown = 0.0  # when the progress postfix was last refreshed
 
     def guarded(idx: str, job: Callable[[], dict]) -> dict:
         try:
@@ -76,6 +76,7 @@ def execute(
             in_flight[pool.submit(guarded, *nxt)] = nxt[0]
 
     def drain(pool: ThreadPoolExecutor) -> None:
+        nonlocal shown
         while in_flight:
             finished, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
             for fut in finished:
@@ -87,8 +88,8 @@ def execute(
                     outcome.failed.append((idx, row["error"]))
                 bar.update(1)
             # The postfix summarizes every row so far: refresh it twice a second, not per row.
-            if postfix and not bar.disable and time.perf_counter() - shown[0] > 0.5:
-                shown[0] = time.perf_counter()
+            if postfix and not bar.disable and time.perf_counter() - shown > 0.5:
+                shown = time.perf_counter()
                 bar.set_postfix(postfix(outcome.rows), refresh=False)
             refill(pool)
 

@@ -51,6 +51,15 @@ def default_reply(messages: list[dict]) -> str:
     return json.dumps(out)
 
 
+def completion(model: str | None, content: str, usage: dict | None) -> dict:
+    """An OpenAI chat.completion body with one choice."""
+    body = {"id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
 class ChatServer:
     """Start with `with ChatServer() as server:`; `server.base_url` ends in /v1."""
 
@@ -140,17 +149,10 @@ class ChatServer:
                         content = fault.text
                 if content is None:
                     content = server.reply(messages)
-                words = len(prompt.split())
-                answer = {
-                    "id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()),
-                    "model": body.get("model", "test-model"),
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": content}}],
-                }
-                if server.report_usage:
-                    answer["usage"] = {"prompt_tokens": words, "completion_tokens": len(content.split()),
-                                       "total_tokens": words + len(content.split())}
-                self._json(200, answer)
+                words, out_words = len(prompt.split()), len(content.split())
+                usage = {"prompt_tokens": words, "completion_tokens": out_words, "total_tokens": words + out_words}
+                self._json(200, completion(body.get("model", "test-model"), content,
+                                           usage if server.report_usage else None))
 
             def _json(self, status: int, payload: dict, headers: dict | None = None):
                 data = json.dumps(payload).encode()
@@ -184,11 +186,8 @@ async def _serve_fast(latency: float) -> None:
                         length = int(line[15:])
                 body = json.loads(await reader.readexactly(length)) if length else {}
                 content = default_reply(body.get("messages") or [{"content": ""}])
-                payload = json.dumps({
-                    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": body.get("model"),
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": content}}],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+                payload = json.dumps(completion(body.get("model"), content, {
+                    "prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2})).encode()
                 await asyncio.sleep(deadline - loop.time())
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
                              + str(len(payload)).encode() + b"\r\n\r\n" + payload)
