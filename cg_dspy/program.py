@@ -127,12 +127,11 @@ class ContextGuard(SavesConfig, dspy.Module):
                 draft = stages.run(
                     "draft",
                     self.draft,
-                    raw_text_ok=True,
                     conversation=conversation,
                     request=reminder_request(conversation[-1].content),
                 ).answer
             else:
-                draft = stages.run("draft", self.generate, raw_text_ok=True, conversation=conversation).answer
+                draft = stages.run("draft", self.generate, conversation=conversation).answer
         policy = categories.resolve(category, self.policy, audit_enabled=self.uses("audit"))
         if not self.uses("specialists"):
             policy = None
@@ -191,6 +190,7 @@ class ContextGuard(SavesConfig, dspy.Module):
             rounds=rounds,
             failures=stages.failures,
             cost=stages.cost,
+            structured_output=stages.structured_output,
         )
 
     def _audit(self, stages: Stages, conversation, answer, policy) -> AuditReport | None:

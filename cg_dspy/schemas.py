@@ -27,8 +27,15 @@ Role = Literal["system", "user", "assistant"]
 IssueType = Literal["numeric", "comparison", "coverage", "unit", "trend", "evidence"]
 SpecialistKind = Literal["format", "procedure", "rules", "empirical"]
 
-MAX_ITEMS = 5  # items kept per quadrant / per specialist list
-MAX_ITEM_CHARS = 240  # characters kept per item
+# What a stage's cost entry counts: LM calls, answers DSPy's cache served, tokens the
+# server reported, replies cut at max_tokens, and the reasoning that came with them.
+COST_KEYS = ("calls", "cached", "prompt_tokens", "completion_tokens", "truncated", "reasoning_chars",
+             "reasoning_tokens")
+
+# Hard bounds on what any LM's audit or checker output can hold, so a model that loops
+# hits a limit; the schema each LM is asked for is tighter (LMSettings.item_limits).
+MAX_ITEMS = 48  # items kept per quadrant / per specialist list
+MAX_ITEM_CHARS = 1000  # characters kept per item
 
 
 def _clip(text: object) -> str:

@@ -3,7 +3,8 @@
 The docstring of each signature is the stage instruction (after the paper's Prompts
 1-8); it is what an optimizer rewrites, and what a saved program stores. Every stage
 that reads the task gets the whole `conversation`, which `ConversationAdapter` renders
-as the leading, byte-identical part of the prompt.
+as the leading, byte-identical part of the prompt. A stage with one `str` output is a
+free-text stage: the model's reply is that output, with no JSON around it.
 """
 
 from __future__ import annotations
@@ -14,22 +15,31 @@ import dspy
 
 from cg_dspy.schemas import AuditItems, Message, SpecialistItems
 
+
+def _list_output(desc: str):
+    """A list output; a reply cut before it (max_tokens) leaves it empty, not unusable."""
+    return dspy.OutputField(desc=desc, default_factory=list)
+
+
 _CONVERSATION = "The task's whole conversation: system rules, context, earlier turns, final request."
 _PREVIOUS = "The answer to check, produced earlier for the final request."
 
 
 class Generate(dspy.Signature):
-    """Answer the final user request of the conversation."""
+    """Plain generation: the task's messages are sent exactly as they are (CL-bench's own
+    inference request) and the reply is the answer. Nothing of this signature reaches
+    the prompt."""
 
     conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
     answer: str = dspy.OutputField(desc="The answer to the final request.")
 
 
 class ReminderDraft(dspy.Signature):
-    """Before answering, re-read the system and context messages and follow every
-    instruction in them: constraints, role and persona, required format, and the
-    task-specific rules. The final task request is repeated below. Answer that final
-    request using only the provided context, and satisfy every stated requirement."""
+    """Before answering, re-read and follow all instructions in the system and context
+    messages, including constraints, role and persona requirements, format
+    requirements and task-specific rules. The final task request is repeated below.
+    Now produce the answer to that final task: use only the provided context, satisfy
+    every stated requirement, and reply with the answer itself."""
 
     conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
     request: str = dspy.InputField(desc="The final task request, repeated as a reminder.")
@@ -55,10 +65,10 @@ class StructuredAudit(dspy.Signature):
     conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
     previous_answer: str = dspy.InputField(desc=_PREVIOUS)
     criteria: str = dspy.InputField(desc="Category-specific criteria to check as part of the audit.")
-    confirmed_correct: AuditItems = dspy.OutputField(desc="Q_A: correct parts to preserve.")
-    confirmed_data: AuditItems = dspy.OutputField(desc="Q_B: context data used correctly.")
-    possibly_missed: AuditItems = dspy.OutputField(desc="Q_C: missing or thin coverage.")
-    possibly_wrong: AuditItems = dspy.OutputField(desc="Q_D: possibly incorrect parts.")
+    confirmed_correct: AuditItems = _list_output("Q_A: correct parts to preserve.")
+    confirmed_data: AuditItems = _list_output("Q_B: context data used correctly.")
+    possibly_missed: AuditItems = _list_output("Q_C: missing or thin coverage.")
+    possibly_wrong: AuditItems = _list_output("Q_D: possibly incorrect parts.")
 
 
 class FormatCheck(dspy.Signature):
@@ -72,8 +82,8 @@ class FormatCheck(dspy.Signature):
 
     conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
     previous_answer: str = dspy.InputField(desc=_PREVIOUS)
-    format_ok: SpecialistItems = dspy.OutputField(desc="Rule + how the answer satisfies it.")
-    format_fail: SpecialistItems = dspy.OutputField(desc="Rule + how the answer violates it.")
+    format_ok: SpecialistItems = _list_output("Rule + how the answer satisfies it.")
+    format_fail: SpecialistItems = _list_output("Rule + how the answer violates it.")
 
 
 class ProcedureCheck(dspy.Signature):
@@ -87,8 +97,8 @@ class ProcedureCheck(dspy.Signature):
 
     conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
     previous_answer: str = dspy.InputField(desc=_PREVIOUS)
-    proc_ok: SpecialistItems = dspy.OutputField(desc="Procedural requirement + how it is satisfied.")
-    proc_fail: SpecialistItems = dspy.OutputField(desc="Procedural requirement + how it is violated.")
+    proc_ok: SpecialistItems = _list_output("Procedural requirement + how it is satisfied.")
+    proc_fail: SpecialistItems = _list_output("Procedural requirement + how it is violated.")
 
 
 class RulesCheck(dspy.Signature):
@@ -102,8 +112,8 @@ class RulesCheck(dspy.Signature):
 
     conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
     previous_answer: str = dspy.InputField(desc=_PREVIOUS)
-    rules_ok: SpecialistItems = dspy.OutputField(desc="Rule or condition + how it is applied correctly.")
-    rules_fail: SpecialistItems = dspy.OutputField(desc="Rule + how it is misapplied, omitted or invented.")
+    rules_ok: SpecialistItems = _list_output("Rule or condition + how it is applied correctly.")
+    rules_fail: SpecialistItems = _list_output("Rule + how it is misapplied, omitted or invented.")
 
 
 class EmpiricalCheck(dspy.Signature):
@@ -118,8 +128,8 @@ class EmpiricalCheck(dspy.Signature):
 
     conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
     previous_answer: str = dspy.InputField(desc=_PREVIOUS)
-    empirical_ok: SpecialistItems = dspy.OutputField(desc="Verified computation or grounded claim.")
-    empirical_issues: SpecialistItems = dspy.OutputField(desc="Issue type + the ungrounded or wrong claim.")
+    empirical_ok: SpecialistItems = _list_output("Verified computation or grounded claim.")
+    empirical_issues: SpecialistItems = _list_output("Issue type + the ungrounded or wrong claim.")
 
 
 class ProtectedRevision(dspy.Signature):

@@ -1,9 +1,10 @@
-"""Running one stage: count its LM calls and tokens, turn a bad output into a recorded
-fallback instead of a failed task.
+"""Running one stage: count its LM calls, tokens and how its replies ended; turn a bad
+output into a recorded fallback instead of a failed task.
 
-Only output that does not parse or validate is a stage failure. Transport errors (a
-server that is down, a context window that overflows) propagate: the task fails with
-its reason, as the paper counts missing generations as unsolved.
+Only output that does not parse or validate is a stage failure, and it is asked for
+once more before it counts (a fresh sample, not the cached reply). Transport errors
+(a server that is down, a context window that overflows) propagate: the task fails
+with its reason, as the paper counts missing generations as unsolved.
 """
 
 from __future__ import annotations
@@ -17,47 +18,47 @@ import pydantic
 from dspy.utils.exceptions import AdapterParseError
 from dspy.utils.usage_tracker import UsageTracker
 
+from cg_dspy import replies
+from cg_dspy.schemas import COST_KEYS
+
+PARSE_ATTEMPTS = 2  # a stage's output that does not parse is asked for once more
+RETRY_TEMPERATURE = 0.3
+
 
 class StageFailure(Exception):
     """A stage produced output that could not be used; the reason is recorded."""
 
 
 class Stages:
-    """Per-task bookkeeping: LM calls, cache hits and tokens per stage; failures in order."""
+    """Per-task bookkeeping: LM calls, cache hits, tokens, truncated replies and reasoning
+    per stage; failures in order; the structured-output mode each typed stage got."""
 
     def __init__(self) -> None:
-        self.cost: dict[str, dict[str, int]] = defaultdict(
-            lambda: {"calls": 0, "cached": 0, "prompt_tokens": 0, "completion_tokens": 0}
-        )
+        self.cost: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(COST_KEYS, 0))
         self.failures: list[str] = []
+        self.structured_output: dict[str, str] = {}
 
-    def run(self, name: str, predictor, /, *, raw_text_ok: bool = False, **inputs):
-        """Call `predictor(**inputs)` as stage `name`; raise StageFailure on bad output.
+    def run(self, name: str, predictor, /, **inputs):
+        """Call `predictor(**inputs)` as stage `name`; raise StageFailure on bad output."""
+        for attempt in range(PARSE_ATTEMPTS):
+            config = retry_config(attempt)
+            answered = False
+            with counting_calls() as tracker, replies.collecting() as facts:
+                try:
+                    out = predictor(**inputs, **({"config": config} if config else {}))
+                    answered = True
+                    if any(f.truncated for f in facts):
+                        self.failures.append(f"{name}: the reply was cut at max_tokens; what it holds is used")
+                    return out
+                except (AdapterParseError, pydantic.ValidationError) as exc:
+                    answered = True
+                    reason = _reason(name, exc, facts)
+                    self.failures.append(reason if attempt + 1 == PARSE_ATTEMPTS else f"{reason}; asked again")
+                finally:
+                    self._account(name, tracker, facts, answered)
+        raise StageFailure(self.failures[-1])
 
-        With `raw_text_ok`, a stage whose one output is free text takes the LM's raw
-        reply when it is not the JSON asked for: a model that answers in plain prose
-        still answered.
-        """
-        answered = False
-        with counting_calls() as tracker:
-            try:
-                out = predictor(**inputs)
-                answered = True
-                return out
-            except (AdapterParseError, pydantic.ValidationError) as exc:
-                answered = True
-                raw = (getattr(exc, "lm_response", None) or "").strip()
-                fields = list(predictor.signature.output_fields)
-                if raw_text_ok and raw and len(fields) == 1:
-                    self.failures.append(f"{name}: reply was not JSON; its raw text is used")
-                    return dspy.Prediction(**{fields[0]: raw})
-                reason = f"{name}: unusable output ({type(exc).__name__}: {_first_line(exc)})"
-                self.failures.append(reason)
-                raise StageFailure(reason) from exc
-            finally:
-                self._account(name, tracker, answered)
-
-    def _account(self, name: str, tracker: CallTracker, answered: bool) -> None:
+    def _account(self, name: str, tracker: CallTracker, facts: list[replies.CallFacts], answered: bool) -> None:
         entry = self.cost[name]
         entry["calls"] += tracker.calls
         if answered and not tracker.calls:
@@ -66,6 +67,22 @@ class Stages:
             for usage in usages:
                 entry["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
                 entry["completion_tokens"] += int(usage.get("completion_tokens") or 0)
+        for fact in facts:
+            entry["truncated"] += fact.truncated
+            entry["reasoning_chars"] += fact.reasoning_chars
+            entry["reasoning_tokens"] += fact.reasoning_tokens
+            if fact.structured_output:
+                self.structured_output[name] = fact.structured_output
+
+
+def retry_config(attempt: int) -> dict:
+    """Call options for a stage's `attempt`-th ask: a retry is a fresh sample, not the
+    cached reply, and not greedy (a greedy model would repeat the unusable reply)."""
+    if not attempt:
+        return {}
+    temperature = max(RETRY_TEMPERATURE, float((dspy.settings.lm.kwargs if dspy.settings.lm else {})
+                                               .get("temperature") or 0.0))
+    return {"rollout_id": attempt, "temperature": temperature}
 
 
 class CallTracker(UsageTracker):
@@ -99,6 +116,18 @@ def counting_calls() -> Iterator[CallTracker]:
                     parent.usage_data[lm].extend(entries)
                 if isinstance(parent, CallTracker):
                     parent.calls += tracker.calls
+
+
+def _reason(name: str, exc: Exception, facts: list[replies.CallFacts]) -> str:
+    """Why a stage's output could not be used, in words a user can act on."""
+    thought = sum(f.reasoning_chars for f in facts)
+    if thought and "empty" in str(exc):
+        reason = f"{name}: unusable output (no answer: the reply held only reasoning, {thought} characters)"
+    else:
+        reason = f"{name}: unusable output ({type(exc).__name__}: {_first_line(exc)})"
+    if any(f.truncated for f in facts):
+        reason += "; the reply was cut at max_tokens"
+    return reason
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,10 +1,18 @@
 """A small OpenAI-compatible chat-completions server for tests and benchmarks.
 
-The project talks to it exactly as to vLLM: LiteLLM, `--model openai/<name>
---api-base http://127.0.0.1:PORT/v1`. It answers deterministically from the prompt
-(the JSON keys a stage asks for), can wait a fixed latency per request, and injects
-faults on command: delays, HTTP errors with Retry-After, connection resets, empty or
-non-JSON content, context-length errors. Loopback only; stops with the test.
+The project talks to it exactly as to vLLM: `--model openai/<name> --api-base
+http://127.0.0.1:PORT/v1`. It answers deterministically from the prompt (the JSON keys
+a typed stage asks for, plain text for a free-text stage), can wait a fixed latency
+per request, and injects faults on command: delays, HTTP errors with Retry-After,
+connection resets, empty or non-JSON content, context-length errors.
+
+It can also behave like the servers and models people run (`profile`, `reasoning`):
+llama-cpp-python's server rejects OpenAI's `json_schema` response format with HTTP 500
+and ignores `max_completion_tokens`; a reasoning model without a reasoning parser
+opens its content with `<think>…</think>` (braces and JSON-looking text inside), or,
+with a parser, sends the thoughts as `reasoning_content`. Every reply is cut at the
+token limit the profile reads (one word = one token), with `finish_reason: length`.
+Loopback only; stops with the test.
 """
 
 from __future__ import annotations
@@ -35,40 +43,70 @@ class Fault:
     match: str = ""  # only requests whose prompt contains this
 
 
+PROFILES = ("vllm", "llama-cpp")
+THOUGHTS = ('Let me think. The rules say {"confirmed_correct": []} might be wanted, or {this}; '
+            "I should check each requirement before I answer. ")
+
+
 def default_reply(messages: list[dict]) -> str:
-    """A valid answer for whichever stage asked: every requested key, a plain value."""
+    """A valid answer for whichever stage asked: every requested key of a typed stage
+    (a plain value each), the answer itself for a free-text stage."""
     text = "\n".join(m.get("content") or "" for m in messages)
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    answer = f"Answer {digest}: all requirements addressed."
     if "satisfaction_status" in text:
         return json.dumps({"reason": "The requirement is addressed.", "satisfaction_status": "yes"})
-    keys = _KEY_LINE.findall(text.split("=====")[-1])
+    keys = _KEY_LINE.findall(text.split("=====")[-1]) or [
+        (f, "string") for f in _JSON_FIELDS.findall(messages[-1].get("content") or "")]
     if not keys:
-        fields = _JSON_FIELDS.findall(messages[-1].get("content") or "")
-        keys = [(f, "string") for f in fields] or [("answer", "string")]
-    out = {}
-    for name, shape in keys:
-        out[name] = [] if shape.startswith("list of") else f"Answer {digest}: all requirements addressed."
-    return json.dumps(out)
+        return answer
+    return json.dumps({name: [] if shape.startswith("list of") else answer for name, shape in keys})
 
 
-def completion(model: str | None, content: str, usage: dict | None) -> dict:
+def completion(model: str | None, content: str, usage: dict | None, *, finish_reason: str = "stop",
+               reasoning: str | None = None, reasoning_key: str = "reasoning_content") -> dict:
     """An OpenAI chat.completion body with one choice."""
+    message = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message[reasoning_key] = reasoning
     body = {"id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]}
+            "choices": [{"index": 0, "finish_reason": finish_reason, "message": message}]}
     if usage is not None:
         body["usage"] = usage
     return body
+
+
+def token_limit(body: dict, profile: str) -> int | None:
+    """The reply's token limit as the profile's server reads it."""
+    names = ("max_tokens",) if profile == "llama-cpp" else ("max_tokens", "max_completion_tokens")
+    limits = [body[n] for n in names if isinstance(body.get(n), int)]
+    return min(limits) if limits else None
+
+
+def cut(words: list[str], limit: int | None) -> tuple[list[str], bool]:
+    """At most `limit` words, and whether the reply was cut."""
+    if limit is None or len(words) <= limit:
+        return words, False
+    return words[:limit], True
 
 
 class ChatServer:
     """Start with `with ChatServer() as server:`; `server.base_url` ends in /v1."""
 
     def __init__(self, reply: Callable[[list[dict]], str] = default_reply, latency: float = 0.0,
-                 model_context: int = 32_768, report_usage: bool = True):
+                 model_context: int = 32_768, report_usage: bool = True, profile: str = "vllm",
+                 reasoning: str | None = None):
+        if profile not in PROFILES or reasoning not in (None, "inline", "template", "field", "reasoning"):
+            raise ValueError(f"profile {profile!r} / reasoning {reasoning!r}")
         self.reply = reply
         self.latency = latency
         self.model_context = model_context
         self.report_usage = report_usage  # some OpenAI-compatible servers send no `usage`
+        self.profile = profile
+        # None: no thoughts; "inline": <think>...</think> opens the content; "template": only the
+        # closing tag (the chat template opened it); "field": thoughts in reasoning_content
+        # (a reasoning parser on); "reasoning": in `reasoning` (newer vLLM's name for it).
+        self.reasoning = reasoning
         self.faults: list[Fault] = []
         self.requests: list[dict] = []
         self.arrivals: list[float] = []
@@ -102,6 +140,26 @@ class ChatServer:
                         self.faults.remove(fault)
                     return fault
         return None
+
+    def answer(self, body: dict, prompt: str, content: str) -> dict:
+        """The completion body for `content`, with thoughts as the reasoning mode says,
+        cut at the token limit the profile reads."""
+        thoughts = THOUGHTS.split() if self.reasoning else []
+        words, truncated = cut(thoughts + content.split(" "), token_limit(body, self.profile))
+        thought, said = words[: len(thoughts)], words[len(thoughts):]
+        reasoning = None
+        text = " ".join(said) if truncated else content
+        if self.reasoning in ("field", "reasoning"):
+            reasoning = " ".join(thought)
+        elif self.reasoning == "inline":
+            text = "<think>" + " ".join(thought) + ("</think>\n\n" + text if len(thought) == len(thoughts) else "")
+        elif self.reasoning == "template":
+            text = " ".join(thought) + ("</think>\n\n" + text if len(thought) == len(thoughts) else "")
+        usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(words),
+                 "total_tokens": len(prompt.split()) + len(words)}
+        return completion(body.get("model", "test-model"), text, usage if self.report_usage else None,
+                          finish_reason="length" if truncated else "stop", reasoning=reasoning,
+                          reasoning_key="reasoning" if self.reasoning == "reasoning" else "reasoning_content")
 
     def _handler(self):
         server = self
@@ -147,12 +205,15 @@ class ChatServer:
                         content = ""
                     elif fault.kind == "text":
                         content = fault.text
+                fmt = body.get("response_format") or {}
+                if server.profile == "llama-cpp" and fmt.get("type") not in (None, "text", "json_object"):
+                    return self._json(500, {"error": {"message": (
+                        "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', "
+                        "'type'), 'msg': \"Input should be 'text' or 'json_object'\"}"),
+                        "type": "internal_server_error", "param": None, "code": None}})
                 if content is None:
                     content = server.reply(messages)
-                words, out_words = len(prompt.split()), len(content.split())
-                usage = {"prompt_tokens": words, "completion_tokens": out_words, "total_tokens": words + out_words}
-                self._json(200, completion(body.get("model", "test-model"), content,
-                                           usage if server.report_usage else None))
+                self._json(200, server.answer(body, prompt, content))
 
             def _json(self, status: int, payload: dict, headers: dict | None = None):
                 data = json.dumps(payload).encode()

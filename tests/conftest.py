@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,3 +39,10 @@ def shared_file(name: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} not present")
     return path
+
+
+def cli(*args, env=None, timeout=180):
+    """`contextguard ARGS` in a subprocess, as a user runs it."""
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "cg_dspy.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)

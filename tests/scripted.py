@@ -2,8 +2,9 @@
 
 It sees exactly the messages DSPy sends (so adapters, parsing and caching run for
 real), works out which stage is asking from the stage instruction in the prompt, and
-answers from a script: a dict stage -> reply (JSON-able value or raw text), or a
-callable (stage, messages) -> reply.
+answers from a script: a dict stage -> reply (text as it is, anything else as JSON), or
+a callable (stage, messages) -> reply. Free-text stages (draft, generate, revise,
+feedback, refine) are answered with text.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from dspy.lm15 import Message, Response, TextPart, Usage
 
 from cg_dspy.lm import request_messages
 
-# Stages are told apart by the output keys their prompt asks for, so a stage is still
-# recognised after an optimizer rewrites its instruction.
+# Stages are told apart by the output keys (typed stages) or input fields (free-text
+# stages) their prompt shows, so a stage is still recognised after an optimizer rewrites
+# its instruction. A prompt with none of them is the plain generation: the bare task.
 MARKERS = [
     ("propose", ["new_instruction"]),
     ("compress", ["shortened_instruction"]),
@@ -29,11 +31,10 @@ MARKERS = [
     ("procedure", ['- "proc_ok"']),
     ("rules", ['- "rules_ok"']),
     ("empirical", ['- "empirical_ok"']),
-    ("revise", ['- "revised_answer"', "[fix_set]"]),
-    ("refine", ['- "revised_answer"']),
-    ("feedback", ['- "feedback"']),
-    ("draft", ['- "answer"', "[request]"]),
-    ("generate", ['- "answer"']),
+    ("revise", ["[fix_set]"]),
+    ("refine", ["[feedback]"]),
+    ("feedback", ["[previous_answer]"]),
+    ("draft", ["[request]"]),
 ]
 
 
@@ -42,7 +43,7 @@ def stage_of(messages: list[dict]) -> str:
     for name, needles in MARKERS:
         if all(n in text for n in needles):
             return name
-    return "unknown"
+    return "generate"
 
 
 @dataclass

@@ -1,23 +1,16 @@
 """The `contextguard` command end to end, against a real HTTP server on 127.0.0.1."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import DATA
+from conftest import DATA, cli
 
 from cg_dspy.store import read_rows
 from cg_dspy.testserver import ChatServer
-
-
-def cli(*args, env=None, timeout=120):
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "cg_dspy.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)
 
 
 def remote(server):

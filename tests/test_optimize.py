@@ -21,7 +21,7 @@ def behaviour(stage, messages):
     """Answers improve only when the audit instruction carries RULE (what GEPA should find)."""
     last = messages[-1]["content"]
     if stage in ("draft", "generate"):
-        return {"answer": "- Theo has 6 life\n- Rules: R3, R4"}
+        return "- Theo has 6 life\n- Rules: R3, R4"
     if stage == "audit":
         missed = [{"text": "add the word IMPROVED", "issue_type": None}] if "NEW-AUDIT-RULE" in last else []
         return {"confirmed_correct": [{"text": "Theo has 6 life", "issue_type": None}], "confirmed_data": [],
@@ -29,7 +29,7 @@ def behaviour(stage, messages):
     if stage in ("format", "procedure"):
         return {"format_ok": [], "format_fail": [], "proc_ok": [], "proc_fail": []}
     if stage == "revise":
-        return {"revised_answer": "- Theo has 6 life\n- Rules: R3, R4\n- IMPROVED"}
+        return "- Theo has 6 life\n- Rules: R3, R4\n- IMPROVED"
     if stage == "judge":
         response, requirement = last.split("[[ ## requirement ## ]]")
         ok = "IMPROVED" in response or "the response should be" in requirement.lower()
@@ -106,7 +106,7 @@ def test_gepa_finds_the_better_audit_instruction_and_compare_shows_the_diff(stor
                              budget="light", threads=2)
     result = optimize.optimize(optimizer="gepa", train=splits[0], dev=splits[1], task_lm=lm, judge_lm=lm,
                                reflection_lm=lm, budget="light", threads=2)
-    assert RULE in result.program.audit.signature.instructions
+    assert result.program.audit.signature.instructions == RULE  # the proposal itself, not its JSON envelope
     assert result.dev_before["task_solving_rate"] == 0.0 and result.dev_after["task_solving_rate"] == 100.0
     assert result.program.draft.signature.instructions == base.program.draft.signature.instructions
 

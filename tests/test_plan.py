@@ -61,9 +61,11 @@ def test_empty_audit_and_no_specialist_give_empty_fix_set():
 
 
 def test_items_are_bounded_in_count_and_length():
-    report = AuditReport(possibly_missed=[{"text": "x" * 1000}] * 20)
-    assert len(report.possibly_missed) == 5
-    assert len(report.possibly_missed[0].text) == 240
+    from cg_dspy.schemas import MAX_ITEM_CHARS, MAX_ITEMS
+
+    report = AuditReport(possibly_missed=[{"text": "x" * 5000}] * 100)
+    assert len(report.possibly_missed) == MAX_ITEMS == 48
+    assert len(report.possibly_missed[0].text) == MAX_ITEM_CHARS == 1000
 
 
 def test_unknown_issue_type_becomes_none():

@@ -16,15 +16,15 @@ FAULTY_AUDIT = {**CLEAN_AUDIT,
 
 def script(audit=FAULTY_AUDIT, revised=REVISED, **extra):
     base = {
-        "draft": {"answer": DRAFT}, "generate": {"answer": DRAFT},
+        "draft": DRAFT, "generate": DRAFT,
         "audit": audit,
         "format": {"format_ok": ["uses Step N format"], "format_fail": []},
         "procedure": {"proc_ok": ["Step 1 check before switching on"], "proc_fail": []},
         "rules": {"rules_ok": [], "rules_fail": ["R4 not applied"]},
         "empirical": {"empirical_ok": [], "empirical_issues": []},
-        "revise": {"revised_answer": revised},
-        "feedback": {"feedback": "Say to stop and call the manager."},
-        "refine": {"revised_answer": "Call the manager."},
+        "revise": revised,
+        "feedback": "Say to stop and call the manager.",
+        "refine": "Call the manager.",
     }
     base.update(extra)
     return base
@@ -125,10 +125,13 @@ def test_unparseable_audit_falls_back_to_draft_with_reason(proc_task):
     assert "revise" not in engine.stages()
 
 
-def test_unparseable_revision_falls_back_to_draft(proc_task):
-    pred, _ = run(ContextGuard(), proc_task, script(revise="<<<not json"))
+@pytest.mark.parametrize("reply", ["", "<think>The fix set says to call the manager {so}", "  \n"])
+def test_a_revision_without_an_answer_falls_back_to_draft_after_asking_twice(proc_task, reply):
+    pred, engine = run(ContextGuard(), proc_task, script(revise=reply))
     assert pred.path == "stage-failed" and pred.answer == DRAFT
-    assert pred.failures[0].startswith("revise: unusable output")
+    assert engine.stages().count("revise") == 2  # asked once more before the fallback
+    assert pred.failures[0].startswith("revise: unusable output") and pred.failures[0].endswith("asked again")
+    assert ("no answer" in pred.failures[-1] or "empty" in pred.failures[-1]) and len(pred.failures) == 2
 
 
 def test_unparseable_checker_keeps_the_audit_plan(proc_task):
@@ -188,10 +191,22 @@ def test_unknown_ablation_is_rejected():
         ContextGuard(ablate=("everything",))
 
 
-def test_plain_prose_draft_is_kept_as_the_answer(proc_task):
-    pred, _ = run(Baseline(), proc_task, script(generate="Step 1: check the oven. Step 2: switch it on."))
-    assert pred.answer == "Step 1: check the oven. Step 2: switch it on."
-    assert pred.failures == ["draft: reply was not JSON; its raw text is used"]
+@pytest.mark.parametrize("reply, answer", [
+    ('{"answer": "Step 1."}', '{"answer": "Step 1."}'),  # an answer that is JSON stays what the model said
+    ("<think>It wants steps {like this}.</think>\n\n| step | do |\n|---|---|\n| 1 | oven |",
+     "| step | do |\n|---|---|\n| 1 | oven |"),
+    ("The plan is fine.</think>Step 1: check the oven.", "Step 1: check the oven."),  # template opened <think>
+])
+def test_a_free_text_stage_takes_the_reply_itself_without_its_reasoning(proc_task, reply, answer):
+    pred, _ = run(Baseline(), proc_task, script(generate=reply))
+    assert pred.answer == answer and pred.failures == []
+
+
+def test_a_draft_without_an_answer_fails_the_task(proc_task):
+    from cg_dspy.stages import StageFailure
+
+    with pytest.raises(StageFailure, match="draft: unusable output.*no answer"):
+        run(ContextGuard(), proc_task, script(draft="<think>I will answer after I check the oven and"))
 
 
 def test_saved_program_rebuilds_with_its_configuration(tmp_path):
