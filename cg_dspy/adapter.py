@@ -97,6 +97,11 @@ class JSONAdapter(dspy.JSONAdapter):
     def parse(self, signature, completion):  # noqa: D102 - see the class
         return super().parse(signature, split_reasoning(completion)[1])
 
+    def _prepare_response_format(self, lm, lm_kwargs, signature):
+        chosen = response_format(lm, signature)  # decided once per LM and output fields
+        if chosen is not None:
+            lm_kwargs.setdefault("response_format", chosen)
+
 
 class ConversationAdapter(JSONAdapter):
     """Conversation-first prompts; free-text stages answer in text, typed stages in JSON."""
@@ -176,7 +181,7 @@ def response_format(lm, signature):
     chosen = _FORMATS.get(key, _MISSING)
     if chosen is _MISSING:
         probe: dict = {}
-        dspy.JSONAdapter()._prepare_response_format(lm, probe, signature)
+        dspy.JSONAdapter._prepare_response_format(_STOCK, lm, probe, signature)
         chosen = probe.get("response_format")
         if len(_FORMATS) >= 512:  # bounded: a long-lived process sees few distinct keys
             _FORMATS.clear()
@@ -186,6 +191,7 @@ def response_format(lm, signature):
 
 _FORMATS: dict[tuple, object] = {}
 _MISSING = object()
+_STOCK = dspy.JSONAdapter()  # DSPy's own decision, consulted once per key
 
 
 def _demo_output(signature, demo: dict) -> str:
