@@ -11,8 +11,10 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from itertools import combinations
+from pathlib import Path
 
 from cg_dspy.data import LENGTH_BINS, length_bin, token_length
+from cg_dspy.rows import GradedRow, graded_rows
 from cg_dspy.schemas import COST_KEYS
 
 NEAR_MISS_BINS = ("0", "1", "2-3", "4-8", ">8")
@@ -48,24 +50,6 @@ def rubric_type(rubric: str) -> str | None:
     return best if hits[best] else None
 
 
-def statuses(row: dict) -> list[bool]:
-    """Satisfied flags per rubric; missing labels count as unsatisfied."""
-    rubrics = row.get("rubrics") or []
-    raw = list(row.get("requirement_status") or [])
-    raw = (raw + ["no"] * len(rubrics))[: max(len(rubrics), len(raw))]
-    return [str(s).strip().lower() == "yes" for s in raw]
-
-
-def solved(row: dict) -> bool:
-    """Strict conjunctive score: solved only when every requirement is satisfied."""
-    flags = statuses(row)
-    return bool(flags) and all(flags)
-
-
-def failures(row: dict) -> int:
-    return sum(not f for f in statuses(row))
-
-
 def near_miss_bin(n_failed: int) -> str:
     if n_failed <= 1:
         return str(n_failed)
@@ -80,37 +64,29 @@ def _pct(num: float, den: float) -> float | None:
     return round(100.0 * num / den, 2) if den else None
 
 
-def _rate_table(rows: list[dict], key) -> dict[str, dict]:
-    groups: dict[str, list[dict]] = defaultdict(list)
+def _rate_table(rows: list[GradedRow], key) -> dict[str, dict]:
+    groups: dict[str, list[GradedRow]] = defaultdict(list)
     for r in rows:
         groups[key(r)].append(r)
     return {
-        name: {
-            "tasks": len(g),
-            "solved": sum(solved(r) for r in g),
-            "task_solving_rate": _pct(sum(solved(r) for r in g), len(g)),
-        }
+        name: {"tasks": len(g), "solved": sum(r.solved for r in g),
+               "task_solving_rate": _pct(sum(r.solved for r in g), len(g))}
         for name, g in sorted(groups.items())
     }
 
 
-def _meta(row: dict, key: str) -> str:
-    return str((row.get("metadata") or {}).get(key) or "unknown")
-
-
-def _with_category(table: dict[str, dict], rows: list[dict]) -> dict[str, dict]:
+def _with_category(table: dict[str, dict], rows: list[GradedRow]) -> dict[str, dict]:
     """Tag each sub-category with its macro-category, for grouping in Figure 3."""
-    owner = {_meta(r, "sub_category"): _meta(r, "context_category") for r in rows}
+    owner = {r.metadata.sub_category: r.metadata.context_category for r in rows}
     return {sub: {**cell, "category": owner.get(sub, "unknown")} for sub, cell in table.items()}
 
 
-def rubric_type_failure(rows: list[dict]) -> dict[str, float | None]:
+def rubric_type_failure(rows) -> dict[str, float | None]:
     """Failure rate per requirement type, task-averaged within each type (Table 2)."""
     per_type: dict[str, list[float]] = defaultdict(list)
-    for r in rows:
-        flags = statuses(r)
+    for r in graded_rows(rows):
         by_type: dict[str, list[bool]] = defaultdict(list)
-        for rubric, ok in zip(r.get("rubrics") or [], flags):
+        for rubric, ok in zip(r.rubrics, r.satisfied):
             t = rubric_type(rubric)
             if t:
                 by_type[t].append(ok)
@@ -119,51 +95,50 @@ def rubric_type_failure(rows: list[dict]) -> dict[str, float | None]:
     return {t: _pct(sum(per_type[t]), len(per_type[t])) for t in RUBRIC_TYPES}
 
 
-def run_summary(rows: list[dict]) -> dict:
+def run_summary(rows) -> dict:
     """Every per-run figure of the report for one graded file."""
+    rows = graded_rows(rows)
     n = len(rows)
-    n_solved = sum(solved(r) for r in rows)
+    n_solved = sum(r.solved for r in rows)
     near = dict.fromkeys(NEAR_MISS_BINS, 0)
     for r in rows:
-        near[near_miss_bin(failures(r))] += 1
-    by_length = _rate_table(rows, lambda r: length_bin(token_length(r.get("messages") or [])))
-    return {
+        near[near_miss_bin(r.failed)] += 1
+    by_length = _rate_table(rows, lambda r: length_bin(token_length(r.messages)))
+    summary = {
         "tasks": n,
         "solved": n_solved,
         "task_solving_rate": _pct(n_solved, n),
-        "by_category": _rate_table(rows, lambda r: _meta(r, "context_category")),
-        "by_sub_category": _with_category(_rate_table(rows, lambda r: _meta(r, "sub_category")), rows),
+        "by_category": _rate_table(rows, lambda r: r.metadata.context_category),
+        "by_sub_category": _with_category(_rate_table(rows, lambda r: r.metadata.sub_category), rows),
         "by_length_bin": {b: by_length[b] for b in LENGTH_BINS if b in by_length},
         "near_miss": near,
         "rubric_type_failure": rubric_type_failure(rows),
     }
+    inconsistent = sum(r.inconsistent for r in rows)
+    if inconsistent:
+        summary["score_disagrees_with_statuses"] = inconsistent
+    return summary
 
 
-def _ids(rows: list[dict]) -> dict[str, dict]:
-    out = {}
-    for r in rows:
-        rid = r.get("idx") if r.get("idx") is not None else (r.get("metadata") or {}).get("task_id")
-        out[str(rid)] = r
-    return out
-
-
-def compare(before: list[dict], after: list[dict]) -> dict:
+def compare(before, after) -> dict:
     """Migration and repair/regression from `before` to `after` (Appendix H-I).
 
     Tasks are paired by id over the union of both files; a task missing from one side
     counts there as unsolved with every requirement unsatisfied.
     """
-    b_rows, a_rows = _ids(before), _ids(after)
+    b_rows = {r.task_id: r for r in graded_rows(before)}
+    a_rows = {r.task_id: r for r in graded_rows(after)}
     migration = {x: dict.fromkeys(NEAR_MISS_BINS, 0) for x in NEAR_MISS_BINS}
     newly = broken = preserved = 0
     repairs = regressions = changed = total = x0 = x1 = 0
     for rid in sorted(set(b_rows) | set(a_rows)):
         ref = b_rows.get(rid) or a_rows[rid]
-        m = len(ref.get("rubrics") or [])
-        xs = statuses(b_rows[rid])[:m] if rid in b_rows else [False] * m
-        ys = statuses(a_rows[rid])[:m] if rid in a_rows else [False] * m
+        m = len(ref.rubrics)
+        xs = b_rows[rid].satisfied[:m] if rid in b_rows else [False] * m
+        ys = a_rows[rid].satisfied[:m] if rid in a_rows else [False] * m
         xs, ys = xs + [False] * (m - len(xs)), ys + [False] * (m - len(ys))
-        sx, sy = bool(xs) and all(xs), bool(ys) and all(ys)
+        sx = b_rows[rid].solved if rid in b_rows else False
+        sy = a_rows[rid].solved if rid in a_rows else False
         migration[near_miss_bin(xs.count(False))][near_miss_bin(ys.count(False))] += 1
         newly += sy and not sx
         broken += sx and not sy
@@ -201,21 +176,22 @@ def _agreement(votes: list[bool]) -> tuple[float, float]:
     return single, sum(v == label for v in votes) / k
 
 
-def judge_stability(rows: list[dict]) -> dict | None:
+def judge_stability(rows) -> dict | None:
     """Single-vote and majority-vote agreement, requirement and task level (Table 5).
 
     Only requirements with the full K votes count (K = the most votes any requirement
     got); early-stopped requirements have fewer and are left out, so measure stability
     on a run graded with early stop off.
     """
-    vote_lists = [[v == "yes" for v in vs] for r in rows for vs in (r.get("votes") or [])]
+    rows = graded_rows(rows)
+    vote_lists = [[v == "yes" for v in vs] for r in rows for vs in (r.votes or [])]
     if not vote_lists:
         return None
     k = max(len(v) for v in vote_lists)
     req = [_agreement(v) for v in vote_lists if len(v) == k and k > 1]
     tasks = []
     for r in rows:
-        vs = [[v == "yes" for v in x] for x in (r.get("votes") or [])]
+        vs = [[v == "yes" for v in x] for x in (r.votes or [])]
         if vs and k > 1 and all(len(v) == k for v in vs):
             tasks.append(_agreement([all(v[i] for v in vs) for i in range(k)]))
 
@@ -238,14 +214,14 @@ def cost_totals(stage_costs) -> dict[str, int]:
     return totals
 
 
-def cost_summary(rows: list[dict]) -> dict | None:
+def cost_summary(rows) -> dict | None:
     """LM calls, tokens and seconds per task of the generating method (None if unrecorded)."""
-    costed = [r["cost"] for r in rows if isinstance(r.get("cost"), dict)]
+    costed = [r.cost for r in graded_rows(rows) if r.cost]
     if not costed:
         return None
     n = len(costed)
-    totals = cost_totals(c for cost in costed for c in (cost.get("stages") or {}).values())
-    seconds = [cost["seconds"] for cost in costed if cost.get("seconds") is not None]
+    totals = cost_totals(c.model_dump() for cost in costed for c in cost.stages.values())
+    seconds = [cost.seconds for cost in costed if cost.seconds is not None]
     return {
         "tasks": n,
         "lm_calls_per_task": round(totals["calls"] / n, 3),
@@ -257,9 +233,39 @@ def cost_summary(rows: list[dict]) -> dict | None:
     }
 
 
-def report(runs: dict[str, list[dict]]) -> dict:
+def method_label(method: str | None, ablate=()) -> str | None:
+    """What a reader calls a run: "baseline", "contextguard (no protection)"."""
+    if not method:
+        return None
+    base, _, removed = method.partition("-no-")
+    gone = sorted({removed, *ablate} - {""})
+    return base + (f" (no {', no '.join(gone)})" if gone else "")
+
+
+def row_label(row: GradedRow) -> str | None:
+    """A graded row's run label, from its method and the ablations it was generated with."""
+    generation = ((row.model_extra or {}).get("cg_dspy") or {}).get("generation") or {}
+    config = generation.get("config") if isinstance(generation, dict) else None
+    ablate = config.get("ablate") or () if isinstance(config, dict) else ()
+    return method_label(row.method, ablate if isinstance(ablate, (list, tuple)) else ())
+
+
+def runs_by_label(files: dict[str, list]) -> dict[str, list[GradedRow]]:
+    """One run per method variant: a file mixing methods is several runs; rows without a
+    method are labelled by their file's name; a label two files share names its file."""
+    groups: dict[tuple[str, str], list[GradedRow]] = {}
+    for path, rows in files.items():
+        for row in graded_rows(rows):
+            groups.setdefault((row_label(row) or Path(path).name, path), []).append(row)
+    labels = [label for label, _ in groups]
+    return {(label if labels.count(label) == 1 else f"{label} [{Path(path).name}]"): rows
+            for (label, path), rows in groups.items()}
+
+
+def report(runs: dict[str, list]) -> dict:
     """The JSON report: `runs`, plus `comparison` for two runs, `judge_stability` when
     votes were recorded and `cost` when the graded rows carry generation cost."""
+    runs = {name: graded_rows(rows) for name, rows in runs.items()}
     out: dict = {"runs": {name: run_summary(rows) for name, rows in runs.items()}}
     names = list(runs)
     if len(names) == 2:
@@ -279,9 +285,12 @@ def report(runs: dict[str, list[dict]]) -> dict:
 
 
 def _fmt(value) -> str:
+    """A table cell; text from files cannot break the table (| and newlines escaped)."""
     if value is None:
         return "–"
-    return f"{value:.2f}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return " ".join(str(value).split()).replace("|", "\\|")
 
 
 def _table(header: list[str], rows: list[list]) -> str:

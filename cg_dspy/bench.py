@@ -9,10 +9,19 @@ reminder draft. Everything lands in one folder: `<method>.jsonl`,
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cg_dspy import analysis, harness, judge
-from cg_dspy.store import ResultStore
+
+
+@dataclass
+class BenchResult:
+    """The report over every method, and what did not finish."""
+
+    report: dict
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (method: task, reason)
+    interrupted: bool = False
 
 
 def draft_source(method: str) -> str | None:
@@ -35,33 +44,37 @@ def ordered(methods: list[str]) -> list[str]:
 
 
 def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol="rubric", threads=4,
-              progress=True) -> int:
-    """Run, judge and report every method; returns the CLI exit status."""
+              progress=True, early_stop=True, force=False, resume_anyway=False, inputs=()) -> BenchResult:
+    """Run, judge and report every method into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     answers: dict[str, dict[str, str]] = {}
     graded_runs: dict[str, list[dict]] = {}
-    failed = False
+    result = BenchResult(report={})
     for method in ordered(methods):
         src = draft_source(method)
-        with ResultStore(out_dir / f"{method}.jsonl") as store:
-            outcome = harness.run(harness.build_program(method), tasks, store, lm=lm, method=method,
-                                  threads=threads, drafts=answers.get(src), progress=progress)
-            rows = list(store.rows.values())
-        failed |= bool(outcome.failed)
-        if outcome.interrupted:
-            return 130
-        answers[method] = {r["idx"]: r.get("trace", {}).get("draft") or r["model_output"] for r in rows}
-        goutcome, graded = judge.grade_file(rows + [r for r in outcome.rows if r.get("error")],
-                                            str(out_dir / f"{method}.graded.jsonl"), judge_lm=judge_lm,
-                                            protocol=protocol, votes=votes, threads=threads, progress=progress)
-        failed |= bool(goutcome.failed)
-        graded_runs[method] = graded
-    result = analysis.report(graded_runs)
+        run = harness.run(harness.build_program(method), tasks, out_dir / f"{method}.jsonl", lm=lm, method=method,
+                          threads=threads, drafts=answers.get(src), progress=progress, force=force,
+                          resume_anyway=resume_anyway, inputs=inputs)
+        result.failed += [(f"{method}: {idx}", reason) for idx, reason in run.outcome.failed]
+        if run.outcome.interrupted:
+            result.interrupted = True
+            return result
+        answers[method] = {r["idx"]: r.get("trace", {}).get("draft") or r["model_output"] for r in run.rows}
+        graded = judge.grade_file(run.rows + [r for r in run.outcome.rows if r.get("error")],
+                                  str(out_dir / f"{method}.graded.jsonl"), judge_lm=judge_lm, protocol=protocol,
+                                  votes=votes, early_stop=early_stop, threads=threads, progress=progress,
+                                  force=force, resume_anyway=resume_anyway)
+        result.failed += [(f"{method} (grading): {idx}", reason) for idx, reason in graded.outcome.failed]
+        if graded.outcome.interrupted:
+            result.interrupted = True
+            return result
+        graded_runs[method] = graded.rows
+    report = analysis.report(graded_runs)
     base = "baseline" if "baseline" in graded_runs else None
     if base:
-        result["comparisons"] = {f"{base} -> {m}": analysis.compare(graded_runs[base], g)
+        report["comparisons"] = {f"{base} -> {m}": analysis.compare(graded_runs[base], g)
                                  for m, g in graded_runs.items() if m != base}
-    (out_dir / "report.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    (out_dir / "report.md").write_text(analysis.to_markdown(result), encoding="utf-8")
-    print(analysis.to_markdown(result))
-    return 1 if failed else 0
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    (out_dir / "report.md").write_text(analysis.to_markdown(report), encoding="utf-8")
+    result.report = report
+    return result

@@ -14,6 +14,7 @@ from typing import Literal
 from cg_dspy.schemas import SpecialistKind
 
 Mode = Literal["separate", "integrated"]
+KINDS = ("format", "procedure", "rules", "empirical")
 
 
 @dataclass(frozen=True)

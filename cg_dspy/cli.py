@@ -1,8 +1,9 @@
-"""The `contextguard` command. Thin: it parses arguments and calls the library.
+"""The `contextguard` command. Thin: it parses arguments, calls the library and prints.
 
-Exit status: 0 when every task finished, 1 when some task or input row failed,
-2 for unusable input or arguments, 130 when interrupted (rerun the same command to
-resume).
+Exit status: 0 when every task finished, 1 when some task, input row or grade failed
+(each is listed), 2 for unusable input or arguments (one line naming the file, line,
+task and field), 130 when interrupted (rerun the same command to resume). Tracebacks
+are for real bugs, and only with --debug.
 """
 
 from __future__ import annotations
@@ -18,11 +19,46 @@ from cg_dspy import analysis, data, harness, judge
 from cg_dspy.endpoint import STRUCTURED_OUTPUT
 from cg_dspy.lm import DEFAULT_TIMEOUT, LMSettings, build_lm
 from cg_dspy.program import ABLATIONS
-from cg_dspy.store import ResultStore, read_rows
+from cg_dspy.redact import printable, scrub
+from cg_dspy.rows import GradedRow, ResultRow, read_jsonl, validated
+from cg_dspy.saved import MAX_ROUNDS, ProgramRefused
+from cg_dspy.store import OutputRefused
 from optimize.recipes import BUDGETS, RECIPES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 JUDGE_TEMPERATURE = 0.6
+USER_ERRORS = (data.InvalidInput, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
+               ValueError, OutputRefused, ProgramRefused)
+
+
+def _say(text: str) -> None:
+    """One line of stderr, with keys scrubbed."""
+    print(scrub(text), file=sys.stderr)
+
+
+# --- argument types: bad numbers are refused by argparse, exit 2 ---------------------
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def rounds(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= MAX_ROUNDS:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_ROUNDS}, got {value}")
+    return value
+
+
+def odd_votes(text: str) -> int:
+    value = positive_int(text)
+    if value % 2 == 0:
+        raise argparse.ArgumentTypeError(f"K = {value} can tie, and a tie has no majority ('yes' needs more than "
+                                         "K/2 votes); use an odd K")
+    return value
 
 
 def _add_lm_flags(p: argparse.ArgumentParser, prefix: str = "", role: str = "task") -> None:
@@ -31,15 +67,15 @@ def _add_lm_flags(p: argparse.ArgumentParser, prefix: str = "", role: str = "tas
                    "default: the embedded local model")
     p.add_argument(f"--{prefix}api-base", help=f"OpenAI-compatible endpoint URL (env {env}API_BASE)")
     p.add_argument(f"--{prefix}temperature", type=float, help=f"sampling temperature (env {env}TEMPERATURE)")
-    p.add_argument(f"--{prefix}max-tokens", type=int, help=f"max output tokens per call (env {env}MAX_TOKENS); "
-                   "default: the server's own (the embedded model: 384)")
+    p.add_argument(f"--{prefix}max-tokens", type=positive_int, help=f"max output tokens per call (env "
+                   f"{env}MAX_TOKENS); default: the server's own (the embedded model: 384)")
     p.add_argument(f"--{prefix}structured-output", choices=STRUCTURED_OUTPUT, default="auto",
                    help="how typed stages ask an OpenAI-compatible server for JSON: auto tries json_schema, then "
                    "json_object with a schema, then none, and keeps what the server accepts")
-    p.add_argument(f"--{prefix}item-limit", type=int, help="items per audit/checker list the output schema allows "
-                   "(default 24; the embedded model: 2)")
-    p.add_argument(f"--{prefix}item-chars", type=int, help="characters per audit/checker item (default 500; the "
-                   "embedded model: 100)")
+    p.add_argument(f"--{prefix}item-limit", type=positive_int, help="items per audit/checker list the output "
+                   "schema allows (default 24; the embedded model: 2)")
+    p.add_argument(f"--{prefix}item-chars", type=positive_int, help="characters per audit/checker item (default "
+                   "500; the embedded model: 100)")
 
 
 def _lm_settings(args, prefix: str = "") -> LMSettings:
@@ -62,32 +98,60 @@ def _lm_settings(args, prefix: str = "") -> LMSettings:
 def _shard(tasks, spec: str | None):
     if not spec:
         return tasks
-    i, n = (int(x) for x in spec.split("/"))
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {spec!r}: write it as i/n, e.g. 0/4") from None
     if not 0 <= i < n:
         raise ValueError(f"--shard {spec}: need 0 <= i < n")
     return [t for t in tasks if int(hashlib.sha256(t.idx.encode()).hexdigest(), 16) % n == i]
 
 
 def _load(source: str, strict: bool, shard: str | None):
-    """Tasks to run; bad rows are reported (and stop the run with --strict)."""
+    """Tasks to run; bad rows are reported (and stop the run with --strict); no task at
+    all is unusable input."""
     loaded = data.select(source, strict=strict)
     for err in loaded.errors:
-        print(f"skipped {err}", file=sys.stderr)
+        _say(f"skipped {printable(err)}")
+    if not loaded.tasks:
+        raise data.InvalidInput(loaded.errors) if loaded.errors else ValueError(f"{source}: holds no tasks")
     return _shard(loaded.tasks, shard), loaded.errors
 
 
-def _print_summary(summary: dict, failed: list[tuple[str, str]], out: Path) -> None:
-    print(json.dumps(summary, indent=1))
+def _file_input(source: str) -> str | None:
+    """The file behind a task source, so no output overwrites it."""
+    path = source.split("#")[0]
+    return path if Path(path).exists() else None
+
+
+def _report_failures(failed, what: str) -> None:
     for idx, reason in failed:
-        print(f"failed task {idx}: {reason}", file=sys.stderr)
-    if summary.get("interrupted"):
-        print(f"Stopped early. Rerun the same command to resume; finished rows are kept in {out}.", file=sys.stderr)
+        _say(f"failed {what} {printable(idx)}: {printable(reason)}")
+
+
+def _report_differences(differences: list[str], out) -> None:
+    if differences:
+        _say(f"resumed rows of {out} written by other settings (--resume-anyway): {'; '.join(differences)}")
+
+
+def _interrupted(out) -> None:
+    _say(f"Stopped early. Rerun the same command to resume; finished rows are kept in {out}.")
 
 
 def _status(outcome, input_errors) -> int:
     if outcome.interrupted:
         return EXIT_INTERRUPTED
     return EXIT_FAILED if outcome.failed or input_errors else EXIT_OK
+
+
+def _read(path: str, model, what: str):
+    """Rows of a file from anywhere: every unreadable line and duplicate is named."""
+    rows, errors = validated(read_jsonl(path), model)
+    for err in errors:
+        _say(f"skipped {printable(err)}")
+    if not rows:
+        raise ValueError(f"{path}: holds no {what} rows")
+    return rows, errors
 
 
 def cmd_run(args) -> int:
@@ -97,37 +161,41 @@ def cmd_run(args) -> int:
         from cg_dspy.saved import load_program
 
         if ":/" in args.program:
-            tracking.setup(args.tracking_uri)
-        program = load_program(args.program)
+            tracking.setup(args.tracking_uri, create=False)
+        program = load_program(args.program, lenient=args.lenient_program)
         method = program.config()["method"]  # the saved program says what it is
     else:
         program = harness.build_program(args.method, args.ablate, args.max_rounds)
         method = args.method
     lm = build_lm(_lm_settings(args))
-    with ResultStore(args.out) as store:
-        outcome = harness.run(program, tasks, store, lm=lm, method=method, threads=args.threads,
-                              progress=not args.quiet)
-        _print_summary(harness.summarize(outcome, store), outcome.failed, Path(args.out))
-    return _status(outcome, errors)
+    result = harness.run(program, tasks, args.out, lm=lm, method=method, threads=args.threads,
+                         progress=not args.quiet, force=args.force, resume_anyway=args.resume_anyway,
+                         inputs=(_file_input(args.tasks), args.program))
+    print(json.dumps(result.summary, indent=1))
+    _report_differences(result.differences, args.out)
+    _report_failures(result.outcome.failed, "task")
+    if result.outcome.interrupted:
+        _interrupted(args.out)
+    return _status(result.outcome, errors)
 
 
 def cmd_eval(args) -> int:
-    rows = read_rows(args.results)
-    if not rows:
-        print(f"{args.results}: no result rows", file=sys.stderr)
-        return EXIT_USAGE
+    rows, errors = _read(args.results, ResultRow, "result")
     judge_lm = build_lm(_lm_settings(args, "judge-"), default_temperature=JUDGE_TEMPERATURE)
-    outcome, graded = judge.grade_file(rows, args.out, judge_lm=judge_lm, protocol=args.protocol, votes=args.votes,
-                                 early_stop=not args.no_early_stop, threads=args.threads, progress=not args.quiet)
+    graded = judge.grade_file(rows, args.out, judge_lm=judge_lm, protocol=args.protocol, votes=args.votes,
+                              early_stop=not args.no_early_stop, threads=args.threads, progress=not args.quiet,
+                              force=args.force, resume_anyway=args.resume_anyway, inputs=(args.results,))
     name = Path(args.out).name
-    result = analysis.report({name: graded})  # tokenizes every conversation once
+    result = analysis.report({name: graded.rows})  # tokenizes every conversation once
     summary = result["runs"][name]
     if not args.no_track:
         _track_eval(args, result)
     print(json.dumps({k: summary[k] for k in ("tasks", "solved", "task_solving_rate", "near_miss")}, indent=1))
-    for idx, reason in outcome.failed:
-        print(f"failed to grade {idx}: {reason}", file=sys.stderr)
-    return _status(outcome, [])
+    _report_differences(graded.differences, args.out)
+    _report_failures(graded.outcome.failed, "to grade")
+    if graded.outcome.interrupted:
+        _interrupted(args.out)
+    return _status(graded.outcome, errors)
 
 
 def _track_eval(args, result: dict) -> None:
@@ -142,20 +210,18 @@ def _track_eval(args, result: dict) -> None:
 
 
 def cmd_report(args) -> int:
-    runs = {}
+    files, errors = {}, []
     for path in args.graded:
-        rows = read_rows(path)
-        if not rows:
-            print(f"{path}: no graded rows", file=sys.stderr)
-            return EXIT_USAGE
-        runs[Path(path).name if Path(path).name not in runs else path] = rows
-    result = analysis.report(runs)
+        rows, bad = _read(path, GradedRow, "graded")
+        files[path] = rows
+        errors += bad
+    result = analysis.report(analysis.runs_by_label(files))
     if args.plots:
         from cg_dspy import plots
 
         plots.write_all(result, args.plots)
     print(json.dumps(result, indent=1) if args.format == "json" else analysis.to_markdown(result))
-    return EXIT_OK
+    return EXIT_FAILED if errors else EXIT_OK
 
 
 def cmd_bench(args) -> int:
@@ -165,16 +231,20 @@ def cmd_bench(args) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         harness.build_program(m)  # fail fast on a bad name
+    out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"{out_dir}: --out-dir names a folder; this is a file")
+
     def go():
         return bench.run_bench(
-            tasks, methods, Path(args.out_dir),
-            lm=build_lm(_lm_settings(args)),
+            tasks, methods, out_dir, lm=build_lm(_lm_settings(args)),
             judge_lm=build_lm(_lm_settings(args, "judge-"), default_temperature=JUDGE_TEMPERATURE),
             votes=args.votes, protocol=args.protocol, threads=args.threads, progress=not args.quiet,
-        )
+            early_stop=not args.no_early_stop, force=args.force, resume_anyway=args.resume_anyway,
+            inputs=(_file_input(args.tasks),))
 
     if args.no_track:
-        code = go()
+        result = go()
     else:
         from cg_dspy import tracking
 
@@ -182,12 +252,18 @@ def cmd_bench(args) -> int:
         params = {"tasks": args.tasks, "task_count": len(tasks), "methods": methods, "protocol": args.protocol,
                   "votes": args.votes, "task_lm": _lm_settings(args).describe(),
                   "judge_lm": _lm_settings(args, "judge-").describe()}
-        with tracking.run(f"bench-{Path(args.out_dir).name}", kind="bench", params=params):
-            code = go()
-            report = json.loads((Path(args.out_dir) / "report.json").read_text(encoding="utf-8"))
-            tracking.log_report(report, per_run=True)
-            tracking.log_artifacts(args.out_dir, "bench")
-    return EXIT_FAILED if errors and code == EXIT_OK else code
+        with tracking.run(f"bench-{out_dir.name}", kind="bench", params=params):
+            result = go()
+            if result.report:
+                tracking.log_report(result.report, per_run=True)
+                tracking.log_artifacts(out_dir, "bench")
+    if result.report:
+        print(analysis.to_markdown(result.report))
+    _report_failures(result.failed, "task")
+    if result.interrupted:
+        _interrupted(out_dir)
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if errors or result.failed else EXIT_OK
 
 
 def cmd_optimize(args) -> int:
@@ -196,9 +272,6 @@ def cmd_optimize(args) -> int:
 
     train, train_errors = _load(args.train, args.strict, None)
     dev, dev_errors = _load(args.dev, args.strict, None)
-    if not train or not dev:
-        print("contextguard: --train and --dev need at least one valid task each", file=sys.stderr)
-        return EXIT_USAGE
     task_settings, judge_settings = _lm_settings(args), _lm_settings(args, "judge-")
     reflection = None
     if args.reflection_model:
@@ -223,7 +296,7 @@ def cmd_optimize(args) -> int:
 def cmd_compare(args) -> int:
     from cg_dspy import tracking
 
-    tracking.setup(args.tracking_uri, args.experiment)
+    tracking.setup(args.tracking_uri, args.experiment, create=False)
     result = tracking.compare(args.experiment, args.runs)
     if args.format == "json":
         print(json.dumps(result, indent=1))
@@ -234,19 +307,27 @@ def cmd_compare(args) -> int:
 
 def cmd_split(args) -> int:
     loaded = data.load_tasks(args.tasks)
+    out = Path(args.out)
+    if out.is_dir():
+        raise IsADirectoryError(f"{out}: is a directory; --out names the manifest file")
+    if out.exists() and Path(args.tasks).exists() and out.resolve() == Path(args.tasks).resolve():
+        raise OutputRefused(f"{out}: is the task file itself; write the manifest elsewhere")
+    if out.exists() and not args.force and not data.is_manifest(out):
+        raise OutputRefused(f"{out}: exists and is not a split manifest; pass --force to replace it")
     fractions = tuple(float(x) for x in args.fractions.split(","))
     splits = data.make_splits(loaded.tasks, fractions, seed=args.seed)
-    data.write_manifest(args.out, splits, seed=args.seed, source=args.tasks)
+    data.write_manifest(out, splits, seed=args.seed, source=args.tasks)
     print(json.dumps({k: len(v) for k, v in splits.items()}))
     return EXIT_OK
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="contextguard", description="ContextGuard on CL-bench, in DSPy.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp, judge_flags=False, task_flags=True):
-        sp.add_argument("--threads", type=int, default=4, help="LM requests kept in flight (default 4)")
+        sp.add_argument("--threads", type=positive_int, default=4, help="LM requests kept in flight (default 4)")
         sp.add_argument("--no-cache", action="store_true", help="bypass DSPy's LM cache")
         sp.add_argument("--retries", type=int, default=4,
                         help="retries per LM call on 429, 5xx and dropped connections, with backoff (default 4)")
@@ -258,33 +339,42 @@ def parser() -> argparse.ArgumentParser:
             _add_lm_flags(sp)
         if judge_flags:
             _add_lm_flags(sp, "judge-", "judge")
-            sp.add_argument("--votes", type=int, default=3, help="judge votes per requirement (K, default 3)")
+            sp.add_argument("--votes", type=odd_votes, default=3, help="judge votes per requirement (odd K, default 3)")
             sp.add_argument("--protocol", choices=judge.PROTOCOLS, default="rubric",
                             help="rubric: one requirement per call, majority of K; joint: CL-bench's official")
+            sp.add_argument("--no-early-stop", action="store_true", help="always draw all K votes")
+
+    def output(sp):
+        sp.add_argument("--force", action="store_true", help="replace an output this command would not resume")
+        sp.add_argument("--resume-anyway", action="store_true",
+                        help="resume rows written with other settings, and say what differs")
 
     r = sub.add_parser("run", help="generate answers for tasks with one method")
     r.add_argument("tasks", help="CL-bench JSONL file, tencent/CL-bench[:split], or MANIFEST.json#split")
     r.add_argument("--method", choices=harness.METHODS, default="contextguard")
     r.add_argument("--ablate", nargs="*", choices=ABLATIONS, default=[], help="ContextGuard components to remove")
-    r.add_argument("--max-rounds", type=int, default=1, help="protected revision rounds (paper: 1)")
+    r.add_argument("--max-rounds", type=rounds, default=1, help=f"protected revision rounds, 1-{MAX_ROUNDS} (paper: 1)")
     r.add_argument("--out", required=True, help="result JSONL (resumed if it exists)")
     r.add_argument("--strict", action="store_true", help="stop before any LM call if any input row is bad")
     r.add_argument("--shard", help="i/n: run only shard i of n (stable hash of task id)")
     r.add_argument("--program", help="a compiled program: JSON file or MLflow URI (runs:/ID)")
+    r.add_argument("--lenient-program", action="store_true",
+                   help="drop (with a warning) what a saved program may not hold, instead of refusing it")
     r.add_argument("--tracking-uri", help="MLflow store holding --program (default: MLFLOW_TRACKING_URI or "
                    "sqlite:///mlflow.db)")
     common(r)
+    output(r)
     r.set_defaults(fn=cmd_run)
 
     e = sub.add_parser("eval", help="judge a result file with the rubric judge")
-    e.add_argument("results", help="result JSONL written by `run`")
+    e.add_argument("results", help="result JSONL written by `run` (or any CL-bench results file)")
     e.add_argument("--out", required=True, help="graded JSONL (resumed if it exists)")
-    e.add_argument("--no-early-stop", action="store_true", help="always draw all K votes")
     common(e, judge_flags=True, task_flags=False)
+    output(e)
     e.set_defaults(fn=cmd_eval)
 
     rp = sub.add_parser("report", help="tables (and plots) from graded files")
-    rp.add_argument("graded", nargs="+", help="graded JSONL; with two files, the first is 'before'")
+    rp.add_argument("graded", nargs="+", help="graded JSONL; with two runs, the first is 'before'")
     rp.add_argument("--format", choices=("markdown", "json"), default="markdown")
     rp.add_argument("--plots", help="directory for PNG figures")
     rp.set_defaults(fn=cmd_report)
@@ -297,6 +387,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--strict", action="store_true")
     b.add_argument("--shard")
     common(b, judge_flags=True)
+    output(b)
     b.set_defaults(fn=cmd_bench)
 
     def tracked(sp):
@@ -335,6 +426,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.add_argument("--fractions", default="0.2,0.2,0.6")
     s.add_argument("--seed", default="cg-dspy-1")
+    s.add_argument("--force", action="store_true", help="replace an existing file that is not a manifest")
     s.set_defaults(fn=cmd_split)
     return p
 
@@ -352,9 +444,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("dspy.clients.lm").addFilter(_KnownTruncation())
     try:
         return args.fn(args)
-    except (data.InvalidInput, FileNotFoundError, ValueError) as exc:
-        print(f"contextguard: {exc}", file=sys.stderr)
+    except USER_ERRORS as exc:
+        if args.debug:
+            raise
+        for line in str(exc).splitlines() or [type(exc).__name__]:
+            _say(f"contextguard: {printable(line)}")
         return EXIT_USAGE
+    except Exception as exc:  # a bug of ours: say so in one line, the traceback with --debug
+        if args.debug:
+            raise
+        _say(f"contextguard: internal error ({type(exc).__name__}: {str(exc)[:300]}); rerun with --debug for "
+             "the traceback")
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

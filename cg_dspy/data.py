@@ -58,7 +58,8 @@ def _task_id_of(row: object) -> str | None:
     return None
 
 
-def _explain(exc: pydantic.ValidationError) -> str:
+def explain(exc: pydantic.ValidationError) -> str:
+    """One line naming each invalid field and why."""
     parts = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "row"
@@ -78,7 +79,7 @@ def validate_rows(rows, source: str) -> Loaded:
         try:
             task = Task.model_validate(row)
         except pydantic.ValidationError as exc:
-            out.errors.append(RowError(source, line, tid, _explain(exc)))
+            out.errors.append(RowError(source, line, tid, explain(exc)))
             continue
         if task.idx in seen:
             out.errors.append(RowError(source, line, tid, "duplicate task_id"))
@@ -206,6 +207,15 @@ def write_manifest(path: str | os.PathLike, splits: dict[str, list[str]], *, see
     """A split manifest: the task ids of each split, plus how they were made."""
     body = {"source": source, "seed": seed, "splits": splits}
     Path(path).write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
+
+
+def is_manifest(path: str | os.PathLike) -> bool:
+    """Whether a file is a split manifest this project wrote."""
+    try:
+        body = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(body, dict) and isinstance(body.get("splits"), dict) and "seed" in body
 
 
 def _manifest_source(source: str, manifest: Path) -> str:

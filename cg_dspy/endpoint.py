@@ -91,9 +91,15 @@ class EndpointEngine:
         self._model = f"{door}:{model_id}"
         self.base_url = base_url
         self.timeout = timeout
+        self.requested = structured_output
         self.mode: str | None = None if structured_output == "auto" else structured_output
         self._schema_bounds = schema_bounds  # callable(schema) -> schema, or None
         self._negotiating = threading.Lock()
+
+    def describe(self) -> dict:
+        bounds = getattr(self._schema_bounds, "keywords", None) or {}
+        return {"api_base": self.base_url, "structured_output": self.requested,
+                "item_limits": [bounds.get("max_items"), bounds.get("max_chars")] if bounds else None}
 
     def complete(self, request: lm15.Request) -> lm15.Response:
         config = request.config

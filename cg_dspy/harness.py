@@ -6,8 +6,12 @@ Rows carry what CL-bench's own `eval.py` reads (`idx`, `messages`, `model_output
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 import dspy
 import pydantic
@@ -15,6 +19,7 @@ import pydantic
 from cg_dspy.adapter import ConversationAdapter
 from cg_dspy.analysis import cost_totals
 from cg_dspy.baselines import Baseline, SelfRefine
+from cg_dspy.lm import lm_identity
 from cg_dspy.program import ABLATIONS, ContextGuard
 from cg_dspy.runner import Outcome, execute
 from cg_dspy.schemas import Task
@@ -64,13 +69,27 @@ def trace_of(pred: dspy.Prediction) -> dict:
     return data
 
 
-def base_row(task: Task) -> dict:
-    """The CL-bench fields of a result row."""
+def input_digest(task: Task, draft: str | None = None) -> str:
+    """What a task's row was made from: its messages and rubrics (and a given draft)."""
+    body = {"messages": [m.model_dump() for m in task.messages], "rubrics": list(task.rubrics), "draft": draft}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def run_settings(program: dspy.Module, method: str, lm) -> dict:
+    """What produced a results file; a rerun with other settings is not a resume."""
+    state = json.dumps(program.dump_state(), sort_keys=True, ensure_ascii=False, default=str)
+    return {"method": method, "config": program.config(),
+            "program": hashlib.sha256(state.encode()).hexdigest()[:16], "task_lm": lm_identity(lm)}
+
+
+def base_row(task: Task, digest: str) -> dict:
+    """The CL-bench fields of a result row, and the digest of what made it."""
     return {
         "idx": task.idx,
         "messages": [m.model_dump() for m in task.messages],
         "rubrics": list(task.rubrics),
         "metadata": task.metadata.model_dump(),
+        "cg_dspy": {"input": digest},
     }
 
 
@@ -80,34 +99,53 @@ def generate_row(program: dspy.Module, task: Task, method: str, lm, draft: str |
     with dspy.context(lm=lm, adapter=ConversationAdapter()):
         pred = program(conversation=task.messages, category=task.category, draft=draft)
     trace = {**trace_of(pred), "seconds": round(time.perf_counter() - start, 3)}
-    return {**base_row(task), "model_output": pred.answer, "method": method, "trace": trace}
+    return {**base_row(task, input_digest(task, draft)), "model_output": pred.answer, "method": method,
+            "trace": trace}
+
+
+@dataclass
+class RunResult:
+    """What a run did: the outcome of this invocation and the summary of the whole file."""
+
+    outcome: Outcome
+    summary: dict
+    rows: list[dict]
+    differences: list[str]  # settings that differ from resumed rows (resume_anyway)
 
 
 def run(
     program: dspy.Module,
     tasks: list[Task],
-    store: ResultStore,
+    out: str | os.PathLike,
     *,
     lm,
     method: str,
     threads: int = 4,
     drafts: dict[str, str] | None = None,
     progress: bool = True,
-) -> Outcome:
-    """Generate every task not yet in `store`; `drafts` pairs methods on the same draft."""
+    force: bool = False,
+    resume_anyway: bool = False,
+    inputs: tuple = (),
+) -> RunResult:
+    """Generate every task not yet in the results file `out`; `drafts` pairs methods on
+    the same draft. A task whose input changed since its row was written is done again."""
+    drafts = drafts or {}
     by_id = {t.idx: t for t in tasks}
-    jobs = [
-        (t.idx, lambda t=t: generate_row(program, t, method, lm, (drafts or {}).get(t.idx)))
-        for t in tasks
-    ]
+    digests = {t.idx: input_digest(t, drafts.get(t.idx)) for t in tasks}
+    jobs = [(t.idx, lambda t=t: generate_row(program, t, method, lm, drafts.get(t.idx))) for t in tasks]
 
     def failed_row(idx: str, reason: str) -> dict:
-        return {**base_row(by_id[idx]), "model_output": "", "method": method, "trace": {}}
+        return {**base_row(by_id[idx], digests[idx]), "model_output": "", "method": method, "trace": {}}
 
     def paths(rows: list[dict]) -> dict:
         return dict(Counter(r.get("trace", {}).get("path", "failed") for r in rows))
 
-    return execute(jobs, store, threads=threads, desc=method, postfix=paths, progress=progress, error_row=failed_row)
+    with ResultStore(out, kind="results", run=run_settings(program, method, lm), inputs=inputs, force=force,
+                     resume_anyway=resume_anyway) as store:
+        store.discard(i for i, r in store.rows.items() if i in digests and r["cg_dspy"].get("input") != digests[i])
+        outcome = execute(jobs, store, threads=threads, desc=method, postfix=paths, progress=progress,
+                          error_row=failed_row)
+        return RunResult(outcome, summarize(outcome, store), list(store.rows.values()), store.differences)
 
 
 def summarize(outcome: Outcome, store: ResultStore) -> dict:

@@ -10,16 +10,20 @@ A task is solved only when every requirement is satisfied.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import dspy
 import pydantic
 from dspy.utils.exceptions import AdapterParseError
 
 from cg_dspy.adapter import JSONAdapter
+from cg_dspy.lm import lm_identity
 from cg_dspy.runner import Outcome, execute
 from cg_dspy.signatures import JudgeAllRubrics, JudgeRequirement
-from cg_dspy.store import ResultStore, read_rows, row_id
+from cg_dspy.store import ResultStore, row_id
 
 PROTOCOLS = ("rubric", "joint")
 
@@ -33,6 +37,26 @@ def majority_decided(yes: int, no: int, k: int) -> bool:
 def majority_label(votes: list[str], k: int) -> str:
     """'yes' only if more than half of the k votes are 'yes' (Eq. 13)."""
     return "yes" if sum(v == "yes" for v in votes) > k / 2 else "no"
+
+
+JUDGE_ATTEMPTS = 3
+
+
+class JudgeFailure(Exception):
+    """The judge gave no usable verdict, even when asked again: the task is not graded."""
+
+
+def ask(predictor, what: str, *, rollout: int = 0, **inputs):
+    """`predictor(**inputs)`, asked again up to JUDGE_ATTEMPTS times while the reply
+    does not parse; each attempt is its own sample (its own cache entry)."""
+    for attempt in range(JUDGE_ATTEMPTS):
+        try:
+            return predictor(**inputs, config={"rollout_id": rollout + 1000 * attempt})
+        except (AdapterParseError, pydantic.ValidationError) as exc:
+            last = exc
+    first = (str(last).strip().splitlines() or [""])[0][:200]
+    raise JudgeFailure(f"no usable judge verdict for {what} after {JUDGE_ATTEMPTS} tries "
+                       f"({type(last).__name__}: {first})")
 
 
 class RubricJudge(dspy.Module):
@@ -60,11 +84,10 @@ class RubricJudge(dspy.Module):
         return dspy.Prediction(status=majority_label(labels, self.votes), votes=votes)
 
     def vote(self, response: str, requirement: str, k: int) -> dict:
-        """One judge sample; unusable output counts as 'no' (yes must be clear)."""
-        try:
-            out = self.judge(response=response, requirement=requirement, config={"rollout_id": k})
-        except (AdapterParseError, pydantic.ValidationError) as exc:
-            return {"status": "no", "reason": "", "error": f"unparseable judge output: {type(exc).__name__}"}
+        """One judge sample. A reply that does not parse is asked for again (a fresh
+        sample each time); after `JUDGE_ATTEMPTS` the vote is a JudgeFailure, never a 'no'."""
+        out = ask(self.judge, f"requirement {requirement[:80]!r}", response=response, requirement=requirement,
+                  rollout=k)
         return {"status": out.satisfaction_status, "reason": out.reason}
 
 
@@ -78,19 +101,16 @@ class JointJudge(dspy.Module):
     def forward(self, response: str, rubrics: list[str]) -> dspy.Prediction:
         numbered = "\n".join(f"{i + 1}. {r}" for i, r in enumerate(rubrics))
         note = ""
-        try:
-            out = self.judge(response=response, rubrics=numbered)
-            status, rationale = list(out.requirement_status or []), out.grading_rationale
-        except (AdapterParseError, pydantic.ValidationError) as exc:
-            status, rationale, note = [], "", f"unparseable judge output: {type(exc).__name__}"
+        out = ask(self.judge, "the rubric list", response=response, rubrics=numbered)
+        status, rationale = list(out.requirement_status or []), out.grading_rationale
         if len(status) != len(rubrics):
-            note = note or f"judge gave {len(status)} labels for {len(rubrics)} rubrics; missing ones are 'no'"
+            note = f"judge gave {len(status)} labels for {len(rubrics)} rubrics; missing ones are 'no'"
             status = (status + ["no"] * len(rubrics))[: len(rubrics)]
         return dspy.Prediction(status=status, rationale=rationale, note=note)
 
 
 def generation_cost(row: dict) -> dict:
-    """The method and its LM cost, carried from a result row into its graded row."""
+    """The method, its settings and its LM cost, carried from a result row into its graded row."""
     trace = row.get("trace") or {}
     out = {"method": row["method"]} if row.get("method") else {}
     if trace.get("cost") is not None:
@@ -98,10 +118,18 @@ def generation_cost(row: dict) -> dict:
     return out
 
 
+def graded_input(row: dict) -> str:
+    """What a graded row was made from: the answer and the rubrics it was judged on."""
+    body = {"model_output": row.get("model_output") or "", "rubrics": list(row.get("rubrics") or [])}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
 def _graded(row: dict, protocol: str) -> dict:
     """A graded row's CL-bench fields, its protocol and the generation's cost."""
     kept = {k: row[k] for k in ("idx", "messages", "model_output", "rubrics", "metadata") if k in row}
-    return {**kept, "protocol": protocol, **generation_cost(row)}
+    generation = (row.get("cg_dspy") or {}).get("run")
+    block = {"input": graded_input(row), **({"generation": generation} if generation else {})}
+    return {**kept, "protocol": protocol, **generation_cost(row), "cg_dspy": block}
 
 
 def unsolved(row: dict, protocol: str, rationale: str) -> dict:
@@ -150,9 +178,6 @@ def grade_row(
             f"Requirement {i + 1}: {r.status} ({(r.votes[-1].get('reason') or '').strip()[:300]})"
             for i, r in enumerate(results)
         )
-        notes = [v["error"] for r in results for v in r.votes if v.get("error")]
-        if notes:
-            graded["judge_note"] = f"{len(notes)} unparseable vote(s) counted as 'no'"
     else:
         raise ValueError(f"unknown protocol {protocol!r}; choose from {PROTOCOLS}")
     graded["score"] = int(bool(rubrics) and all(s == "yes" for s in graded["requirement_status"]))
@@ -167,8 +192,23 @@ def running_tsr(rows: list[dict]) -> dict:
 
 
 
+def grade_settings(*, protocol: str, votes: int, early_stop: bool, judge_lm) -> dict:
+    """What produced a graded file; regrading with other settings is not a resume."""
+    return {"protocol": protocol, "votes": votes if protocol == "rubric" else None,
+            "early_stop": early_stop if protocol == "rubric" else None, "judge_lm": lm_identity(judge_lm)}
+
+
+@dataclass
+class GradeResult:
+    """What grading did: the outcome of this invocation and every graded row of the file."""
+
+    outcome: Outcome
+    rows: list[dict]
+    differences: list[str]  # settings that differ from resumed rows (resume_anyway)
+
+
 def grade_file(
-    rows: list[dict],
+    rows: list,
     out: str,
     *,
     judge_lm,
@@ -177,19 +217,25 @@ def grade_file(
     early_stop: bool = True,
     threads: int = 4,
     progress: bool = True,
-) -> tuple[Outcome, list[dict]]:
-    """Grade result rows into `out`, resumably. Requirement calls of all tasks share one
-    pool of `threads`, so N judge requests stay in flight across tasks and requirements."""
+    force: bool = False,
+    resume_anyway: bool = False,
+    inputs: tuple = (),
+) -> GradeResult:
+    """Grade result rows (dicts or ResultRows) into `out`, resumably. Requirement calls of
+    all tasks share one pool of `threads`, so N judge requests stay in flight across
+    tasks and requirements. A graded row whose answer or rubrics changed is graded again."""
+    rows = [r.model_dump(mode="json") if hasattr(r, "model_dump") else r for r in rows]
     source = {row_id(r): r for r in rows}
 
     def failed(idx: str, reason: str) -> dict:
         """A task whose grading failed: unsolved in every report, graded again on rerun."""
         return unsolved(source[idx], protocol, f"Grading failed: {reason}")
 
-    with ResultStore(out) as store, ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        # A graded answer that no longer matches its result row (the task was rerun) is stale.
+    settings = grade_settings(protocol=protocol, votes=votes, early_stop=early_stop, judge_lm=judge_lm)
+    with ResultStore(out, kind="graded", run=settings, inputs=inputs, force=force,
+                     resume_anyway=resume_anyway) as store, ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         store.discard(i for i, g in store.rows.items()
-                      if i in source and g.get("model_output") != source[i].get("model_output"))
+                      if i in source and g["cg_dspy"].get("input") != graded_input(source[i]))
         jobs = [
             (row_id(r), lambda r=r: grade_row(
                 r, protocol=protocol, judge_lm=judge_lm, votes=votes, early_stop=early_stop, pool=pool))
@@ -197,4 +243,5 @@ def grade_file(
         ]
         outcome = execute(jobs, store, threads=threads, desc="judge", postfix=running_tsr,
                           progress=progress, error_row=failed)
-    return outcome, read_rows(out)
+        return GradeResult(outcome, list(store.rows.values()) + [r for r in outcome.rows if r.get("error")],
+                           store.differences)

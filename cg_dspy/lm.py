@@ -123,6 +123,25 @@ def build_lm(settings: LMSettings, *, default_temperature: float = 0.0) -> dspy.
                    **common, **kwargs)
 
 
+def lm_identity(lm) -> dict:
+    """What decides an LM's answers (never its key): which model, where, how sampled and
+    bounded. Two LMs with the same identity give the same replies to the same prompts."""
+    kwargs = getattr(lm, "kwargs", {}) or {}
+    engine = getattr(lm, "engine", None)
+    identity = {"model": getattr(lm, "model", str(lm)), "temperature": kwargs.get("temperature"),
+                "max_tokens": kwargs.get("max_tokens") or kwargs.get("max_completion_tokens")}
+    if hasattr(engine, "describe"):
+        identity.update(engine.describe())
+    elif kwargs.get("api_base"):
+        identity["api_base"] = kwargs["api_base"]
+    return identity
+
+
+def _bounds(schema_bounds) -> list | None:
+    keywords = getattr(schema_bounds, "keywords", None) or {}
+    return [keywords.get("max_items"), keywords.get("max_chars")] if keywords else None
+
+
 # --- the embedded local LM ------------------------------------------------------------
 
 
@@ -173,6 +192,9 @@ class LlamaCppEngine:
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         self.schema_bounds = schema_bounds or functools.partial(bound_schema, max_items=LOCAL_ITEM_LIMITS[0],
                                                                  max_chars=LOCAL_ITEM_LIMITS[1])
+
+    def describe(self) -> dict:
+        return {"engine": "llama.cpp", "gguf": Path(self.model_path).name, "item_limits": _bounds(self.schema_bounds)}
 
     def complete(self, request):
         from dspy.lm15 import Message, Response, TextPart, Usage

@@ -15,7 +15,7 @@ import threading
 import dspy
 
 from cg_dspy.adapter import JSONAdapter
-from cg_dspy.judge import RubricJudge
+from cg_dspy.judge import JudgeFailure, RubricJudge
 
 
 class RubricMetric:
@@ -38,8 +38,11 @@ class RubricMetric:
         with self._lock:
             if key in self.memo:
                 return self.memo[key]
-        with dspy.context(lm=self.judge_lm, adapter=JSONAdapter()):
-            pred = self.judge(response=answer, requirement=requirement)
+        try:
+            with dspy.context(lm=self.judge_lm, adapter=JSONAdapter()):
+                pred = self.judge(response=answer, requirement=requirement)
+        except JudgeFailure:
+            return "no"  # no verdict: not satisfied for this score, and not remembered
         with self._lock:
             self.judge_calls += len(pred.votes)
             self.memo[key] = pred.status

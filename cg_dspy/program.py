@@ -31,6 +31,7 @@ from cg_dspy.signatures import (
 from cg_dspy.stages import StageFailure, Stages
 
 ABLATIONS = ("reminder", "audit", "protection", "specialists", "guard")
+MAX_ROUNDS = 5  # the paper uses 1; more rounds compound revision errors and cost
 
 # specialist kind -> (predictor attribute, satisfied field, violations field)
 CHECKERS = {
@@ -88,8 +89,8 @@ class ContextGuard(SavesConfig, dspy.Module):
         unknown = set(ablate) - set(ABLATIONS)
         if unknown:
             raise ValueError(f"unknown ablation(s) {sorted(unknown)}; choose from {ABLATIONS}")
-        if max_rounds < 1:
-            raise ValueError("max_rounds must be at least 1")
+        if not 1 <= max_rounds <= MAX_ROUNDS:
+            raise ValueError(f"max_rounds must be from 1 to {MAX_ROUNDS}, not {max_rounds}")
         self.ablate = tuple(sorted(set(ablate)))
         self.max_rounds = max_rounds
         self.policy = policy

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
+from cg_dspy.redact import scrub
 from cg_dspy.store import ResultStore
 
 
@@ -62,10 +63,10 @@ def execute(
         try:
             return job()
         except Exception as exc:  # one bad task never stops the others
-            reason = f"{type(exc).__name__}: {exc}".strip()
+            reason = scrub(f"{type(exc).__name__}: {exc}".strip())
             row = error_row(idx, reason) if error_row else {"idx": idx}
             row["error"] = reason
-            row["error_detail"] = traceback.format_exc(limit=3)[-2000:]
+            row["error_detail"] = scrub(traceback.format_exc(limit=3)[-2000:])
             return row
 
     def refill(pool: ThreadPoolExecutor) -> None:

@@ -1,59 +1,182 @@
-"""Saved programs: JSON state, loaded into a freshly built program.
+"""Saved programs: JSON state, read as data and applied to a freshly built program.
 
 `program.save("p.json")` (DSPy's own) writes every predictor's instruction and demos
 plus a `cg_dspy` block that says how to rebuild the program (method, ablations,
-rounds). `load_program` reads that file, or the same JSON from an MLflow run
-(`runs:/<run_id>/program.json`), builds the program and loads the state. Nothing is
-unpickled unless the caller passes `allow_pickle=True` for a pickled MLflow model.
+rounds). Shared compiled programs are files and MLflow artifacts from other people,
+so loading takes only what a program is: per predictor its instruction, its fields'
+prefixes and descriptions, and its demos (typed, bounded), plus the validated
+`cg_dspy` block. Anything else (an `lm`, a `config`, traces, an unknown key) is
+refused with a message naming it; `lenient=True` drops such keys with a warning
+instead. Nothing in a file can choose where calls go, which model answers, the cache
+or the key: DSPy's `load_state` is never called.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import dspy
 
+from cg_dspy.program import MAX_ROUNDS
+
+MAX_DEMOS = 32
+MAX_DEMO_CHARS = 2_000_000
+MAX_INSTRUCTION_CHARS = 50_000
+# DSPy writes these with every predictor; empty they are harmless, anything else is refused.
+_EMPTY_AS_SAVED = {"traces": [], "train": [], "lm": None, "fields": {}, "config": {}}
+_CONFIG_KEYS = ("method", "ablate", "max_rounds", "min_length_ratio", "policy")
+
+
+class ProgramRefused(ValueError):
+    """A saved program holds something a program must not hold, or is malformed."""
+
+
+def validate_config(config: object, source: str) -> dict:
+    """The `cg_dspy` block, checked: method, ablations, rounds 1-5, thresholds in range."""
+    from cg_dspy import categories
+    from cg_dspy.harness import METHODS
+    from cg_dspy.program import ABLATIONS
+    from cg_dspy.schemas import CATEGORIES
+
+    where = f"{source}: cg_dspy"
+    if config is None:
+        return {"method": "contextguard"}
+    if not isinstance(config, dict):
+        raise ProgramRefused(f"{where}: must be an object, not {type(config).__name__}")
+    unknown = sorted(set(config) - set(_CONFIG_KEYS))
+    if unknown:
+        raise ProgramRefused(f"{where}: unknown key(s) {unknown}; a program block holds {list(_CONFIG_KEYS)}")
+    method = config.get("method", "contextguard")
+    if method not in METHODS:
+        raise ProgramRefused(f"{where}.method: {method!r} is not one of {list(METHODS)}")
+    ablate = config.get("ablate") or []
+    if not isinstance(ablate, list) or any(a not in ABLATIONS for a in ablate):
+        raise ProgramRefused(f"{where}.ablate: {ablate!r}; each must be one of {list(ABLATIONS)}")
+    rounds = config.get("max_rounds", 1)
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or not 1 <= rounds <= MAX_ROUNDS:
+        raise ProgramRefused(f"{where}.max_rounds: {rounds!r}; must be a whole number from 1 to {MAX_ROUNDS}")
+    ratio = config.get("min_length_ratio", 0.5)
+    if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0.0 <= ratio <= 1.0:
+        raise ProgramRefused(f"{where}.min_length_ratio: {ratio!r}; must be a number from 0 to 1")
+    policy = config.get("policy")
+    if policy is not None:
+        kinds, modes = categories.KINDS, ("separate", "integrated")
+        if not isinstance(policy, dict):
+            raise ProgramRefused(f"{where}.policy: must be an object of category -> [kind, mode]")
+        for category, entry in policy.items():
+            if category not in CATEGORIES or not (isinstance(entry, list) and len(entry) == 2
+                                                  and entry[0] in kinds and entry[1] in modes):
+                raise ProgramRefused(f"{where}.policy[{category!r}]: {entry!r}; categories are {list(CATEGORIES)}, "
+                                     f"entries [kind, mode] with kind in {list(kinds)} and mode in {list(modes)}")
+    return {"method": method, "ablate": ablate, "max_rounds": rounds, "min_length_ratio": float(ratio),
+            "policy": policy}
+
 
 def build_from_config(config: dict) -> dspy.Module:
-    """A fresh, untuned program from a saved `cg_dspy` block."""
+    """A fresh, untuned program from a validated `cg_dspy` block."""
     from cg_dspy.categories import SpecialistPolicy
     from cg_dspy.harness import build_program
 
-    options = {}
-    if "min_length_ratio" in config:
-        options["min_length_ratio"] = float(config["min_length_ratio"])
+    options = {"min_length_ratio": config.get("min_length_ratio", 0.5)}
     if config.get("policy"):
         options["policy"] = {c: SpecialistPolicy(*p) for c, p in config["policy"].items()}
-    return build_program(config.get("method", "contextguard"), tuple(config.get("ablate") or ()),
-                         int(config.get("max_rounds", 1)), **options)
+    if config["method"] != "contextguard":
+        options = {}
+    return build_program(config["method"], tuple(config.get("ablate") or ()), config.get("max_rounds", 1),
+                         **options)
 
 
-def program_from_state(state: dict) -> dspy.Module:
-    """Build the program a state describes and load the state into it."""
+def _refuse(message: str, lenient: bool) -> None:
+    if not lenient:
+        raise ProgramRefused(message + " (load it with lenient=True / --lenient-program to drop such keys)")
+    warnings.warn(f"ignored: {message}", stacklevel=3)
+
+
+def _signature_state(value: object, predictor, where: str) -> dict:
+    fields = list(predictor.signature.fields)
+    if not isinstance(value, dict) or set(value) - {"instructions", "fields"}:
+        raise ProgramRefused(f"{where}.signature: must be {{'instructions', 'fields'}}")
+    instructions = value.get("instructions", predictor.signature.instructions)
+    if not isinstance(instructions, str) or len(instructions) > MAX_INSTRUCTION_CHARS:
+        raise ProgramRefused(f"{where}.signature.instructions: must be text of at most {MAX_INSTRUCTION_CHARS} "
+                             "characters")
+    saved = value.get("fields", [])
+    if not isinstance(saved, list) or len(saved) != len(fields) or not all(
+            isinstance(f, dict) and set(f) <= {"prefix", "description"}
+            and all(isinstance(v, str) and len(v) <= 2000 for v in f.values()) for f in saved):
+        raise ProgramRefused(f"{where}.signature.fields: must list {len(fields)} fields ({', '.join(fields)}), each "
+                             "{'prefix', 'description'} as short text")
+    current = predictor.signature.dump_state()["fields"]
+    return {"instructions": instructions, "fields": [{**c, **f} for c, f in zip(current, saved)]}
+
+
+def _demos(value: object, predictor, where: str) -> list[dict]:
+    allowed = set(predictor.signature.fields) | {"augmented"}
+    if not isinstance(value, list) or len(value) > MAX_DEMOS:
+        raise ProgramRefused(f"{where}.demos: must be a list of at most {MAX_DEMOS} examples")
+    for i, demo in enumerate(value):
+        if not isinstance(demo, dict) or set(demo) - allowed:
+            extra = sorted(set(demo) - allowed) if isinstance(demo, dict) else type(demo).__name__
+            raise ProgramRefused(f"{where}.demos[{i}]: holds {extra}; a demo holds only the stage's fields "
+                                 f"({', '.join(sorted(allowed))})")
+        if len(json.dumps(demo, ensure_ascii=False, default=str)) > MAX_DEMO_CHARS:
+            raise ProgramRefused(f"{where}.demos[{i}]: larger than {MAX_DEMO_CHARS} characters")
+    return [dict(d) for d in value]
+
+
+def program_from_state(state: object, *, source: str = "saved program", lenient: bool = False) -> dspy.Module:
+    """Build the program a saved state describes and apply its instructions and demos."""
     if not isinstance(state, dict):
-        raise ValueError("a saved program must be a JSON object")
-    program = build_from_config(state.get("cg_dspy") or {})
-    program.load_state({k: v for k, v in state.items() if k not in ("cg_dspy", "metadata")})
+        raise ProgramRefused(f"{source}: a saved program is a JSON object, not {type(state).__name__}")
+    program = build_from_config(validate_config(state.get("cg_dspy"), source))
+    predictors = dict(program.named_predictors())
+    for name, value in state.items():
+        if name in ("cg_dspy", "metadata"):
+            continue
+        if name not in predictors:
+            _refuse(f"{source}: {name!r} is not a stage of this program (its stages: {', '.join(predictors)})",
+                    lenient)
+            continue
+        where, predictor = f"{source}: {name}", predictors[name]
+        if not isinstance(value, dict):
+            raise ProgramRefused(f"{where}: must be an object, not {type(value).__name__}")
+        for key, item in value.items():
+            if key in ("signature", "demos"):
+                continue
+            if key in _EMPTY_AS_SAVED and item == _EMPTY_AS_SAVED[key]:
+                continue
+            why = {"lm": "it would choose the model, endpoint or key", "config": "it would change the LM call"}
+            _refuse(f"{where}.{key}: refused, {why.get(key, 'a saved program holds only instructions and demos')}",
+                    lenient)
+        if "signature" in value:
+            predictor.signature = predictor.signature.load_state(_signature_state(value["signature"], predictor,
+                                                                                  where))
+        if "demos" in value:
+            predictor.demos = _demos(value["demos"], predictor, where)
     return program
 
 
-def load_program(source: str | Path, *, allow_pickle: bool = False) -> dspy.Module:
+def load_program(source: str | Path, *, lenient: bool = False) -> dspy.Module:
     """A ready program from a saved JSON file or an MLflow URI (`runs:/ID[/program.json]`,
-    `models:/...`). `allow_pickle=True` lets an MLflow model without JSON state be loaded
-    with `mlflow.dspy.load_model`, which unpickles: only for files you trust."""
+    `models:/...`), read as data (see the module docstring)."""
     text = str(source)
     if "://" not in text and ":/" not in text:
         path = Path(text)
         if path.suffix != ".json":
-            raise ValueError(f"{path}: saved programs are JSON state files; refusing to load {path.suffix or 'it'}")
-        return program_from_state(json.loads(path.read_text(encoding="utf-8")))
+            raise ProgramRefused(f"{path}: saved programs are JSON state files; refusing to load "
+                                 f"{path.suffix or 'it'}")
+        if path.is_dir():
+            raise ProgramRefused(f"{path}: is a directory, not a saved program")
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ProgramRefused(f"{path}: not valid JSON ({exc})") from None
+        return program_from_state(state, source=str(path), lenient=lenient)
     from cg_dspy import tracking
 
     state = tracking.load_program_state(text)
-    if state is not None:
-        return program_from_state(state)
-    if not allow_pickle:
-        raise ValueError(f"{text} holds no {tracking.PROGRAM_ARTIFACT}; "
-                         "pass allow_pickle=True to unpickle an MLflow model")
-    return tracking.load_pickled_model(text)
+    if state is None:
+        raise ProgramRefused(f"{text} holds no {tracking.PROGRAM_ARTIFACT}")
+    return program_from_state(state, source=text, lenient=lenient)

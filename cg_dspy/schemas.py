@@ -58,6 +58,16 @@ ItemText = Annotated[str, BeforeValidator(_clip), Field(max_length=MAX_ITEM_CHAR
 # --- the task -----------------------------------------------------------------------
 
 
+def rubric_text(value: object) -> object:
+    """A rubric's text: CL-bench rows hold strings or `{"rubric_criteria": "..."}`."""
+    if isinstance(value, dict) and isinstance(value.get("rubric_criteria"), str):
+        return value["rubric_criteria"]
+    return value
+
+
+RubricText = Annotated[str, BeforeValidator(rubric_text)]
+
+
 class Message(BaseModel):
     """One chat turn, in the OpenAI format CL-bench uses."""
 
@@ -80,7 +90,7 @@ class Task(BaseModel):
     """One CL-bench row: the whole conversation, its rubrics and its metadata."""
 
     messages: list[Message] = Field(min_length=1)
-    rubrics: list[str] = Field(min_length=1)
+    rubrics: list[RubricText] = Field(min_length=1)
     metadata: TaskMetadata
 
     @field_validator("messages")

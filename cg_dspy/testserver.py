@@ -41,6 +41,7 @@ class Fault:
     headers: dict[str, str] = field(default_factory=dict)
     times: int = 1
     match: str = ""  # only requests whose prompt contains this
+    echo_auth: bool = False  # an error body that repeats the request's Authorization header
 
 
 PROFILES = ("vllm", "llama-cpp")
@@ -189,8 +190,11 @@ class ChatServer:
                     if fault.kind == "delay":
                         time.sleep(fault.seconds)
                     elif fault.kind == "status":
-                        return self._json(fault.status, {"error": {"message": f"injected {fault.status}",
-                                                                   "type": "server_error"}}, fault.headers)
+                        message = fault.text or f"injected {fault.status}"
+                        if fault.echo_auth:
+                            message += f" (request had Authorization: {self.headers.get('Authorization')})"
+                        return self._json(fault.status, {"error": {"message": message, "type": "server_error"}},
+                                          fault.headers)
                     elif fault.kind == "reset":
                         self.connection.shutdown(2)
                         self.close_connection = True

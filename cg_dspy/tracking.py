@@ -16,11 +16,12 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from cg_dspy.redact import redact
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_EXPERIMENT = "contextguard"
 PROGRAM_ARTIFACT = "program.json"  # a run's compiled program, as JSON state
 KIND_TAG = "cg_dspy.kind"
-_SECRET_NAME = re.compile(r"key|token|secret|password|credential", re.IGNORECASE)
 
 
 def _mlflow():
@@ -29,31 +30,20 @@ def _mlflow():
     return mlflow
 
 
-def setup(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT) -> str:
-    """Point MLflow at the store and experiment; returns the tracking URI used."""
+def setup(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT, *, create: bool = True) -> str:
+    """Point MLflow at the store and experiment; returns the tracking URI used. With
+    `create=False` (commands that only read) a local store must already exist."""
     mlflow = _mlflow()
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if not create:
+        local = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else \
+            uri.removeprefix("file://") if uri.startswith("file://") else None
+        if local is not None and not Path(local).exists():
+            raise FileNotFoundError(f"no MLflow store at {uri} (pass --tracking-uri or set MLFLOW_TRACKING_URI)")
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(experiment)
+    if create:
+        mlflow.set_experiment(experiment)
     return uri
-
-
-def _secrets() -> list[str]:
-    return [v for k, v in os.environ.items() if _SECRET_NAME.search(k) and v and len(v) >= 8]
-
-
-def redact(value, secrets: list[str] | None = None):
-    """The value with every secret environment value replaced by '***'."""
-    secrets = _secrets() if secrets is None else secrets
-    if isinstance(value, str):
-        for s in secrets:
-            value = value.replace(s, "***")
-        return value
-    if isinstance(value, dict):
-        return {k: ("***" if _SECRET_NAME.search(str(k)) else redact(v, secrets)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redact(v, secrets) for v in value]
-    return value
 
 
 def _flatten(params: dict, prefix: str = "") -> dict[str, str]:
@@ -177,23 +167,6 @@ def load_program_state(uri: str) -> dict | None:
                                      "(pass --tracking-uri or set MLFLOW_TRACKING_URI)") from exc
             return None
         return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-def load_pickled_model(uri: str):
-    """`mlflow.dspy.load_model`, which unpickles: the caller asked for it explicitly."""
-    import mlflow
-    import mlflow.dspy
-
-    previous = os.environ.get("MLFLOW_ALLOW_PICKLE_DESERIALIZATION")
-    os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = "true"
-    try:
-        return mlflow.dspy.load_model(uri)
-    finally:
-        mlflow.clear_active_model()  # loading makes the model "active" for later metrics
-        if previous is None:
-            os.environ.pop("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", None)
-        else:
-            os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = previous
 
 
 def compare(experiment: str, run_ids: list[str] | None = None) -> dict:

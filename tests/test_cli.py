@@ -43,7 +43,7 @@ def test_run_eval_report_against_an_openai_compatible_server(tmp_path):
         assert all(len(v) == 2 for x in g for v in x["votes"])  # 2 agreeing votes decide K=3
     r = cli("report", str(graded), "--format", "json", "--plots", str(tmp_path / "plots"))
     rep = json.loads(r.stdout)
-    assert rep["runs"]["graded.jsonl"]["task_solving_rate"] == 100.0
+    assert rep["runs"]["contextguard"]["task_solving_rate"] == 100.0  # runs are named by their method
     assert (tmp_path / "plots" / "tsr_by_length.png").exists()
 
 

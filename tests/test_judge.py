@@ -85,7 +85,13 @@ def test_failed_generation_is_unsolved_without_judge_calls():
     assert "timeout" in graded["grading_rationale"]
 
 
-def test_unparseable_vote_counts_as_no():
-    lm, _ = scripted_lm({"judge": "maybe?"})
-    pred = judge(lm, "REQ")
-    assert pred.status == "no" and pred.votes[0]["error"].startswith("unparseable")
+def test_an_unparseable_vote_is_asked_again_and_then_fails_the_grading_not_counts_as_no():
+    from cg_dspy.judge import JUDGE_ATTEMPTS, JudgeFailure
+
+    replies = iter(["maybe?", "<think>hmm</think> still thinking", '{"reason": "ok", "satisfaction_status": "yes"}'])
+    lm, engine = scripted_lm(lambda stage, messages: next(replies), temperature=0.6)
+    assert judge(lm, "REQ", votes=1).status == "yes" and len(engine.calls) == 3  # the third try parsed
+    lm, engine = scripted_lm({"judge": "maybe?"}, temperature=0.6)
+    with pytest.raises(JudgeFailure, match=f"after {JUDGE_ATTEMPTS} tries"):
+        judge(lm, "REQ")
+    assert len(engine.calls) == JUDGE_ATTEMPTS
