@@ -19,7 +19,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 @contextmanager
 def server_process(latency: float = 0.0):
     """The local OpenAI-compatible server in a separate process (its CPU is not ours)."""
-    proc = subprocess.Popen([sys.executable, "-m", "cg_dspy.testserver", "--fast", "--latency", str(latency)],
+    proc = subprocess.Popen([sys.executable, "-m", "cg_dspy.testing.server", "--fast", "--latency", str(latency)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         url = proc.stdout.readline().strip()
@@ -31,7 +31,7 @@ def server_process(latency: float = 0.0):
 
 
 def remote_lm(url: str, **kwargs):
-    from cg_dspy.lm import LMSettings, build_lm
+    from cg_dspy.lms import LMSettings, build_lm
 
     return build_lm(LMSettings(model="openai/bench-model", api_base=url, cache=False, **kwargs))
 

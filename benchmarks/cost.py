@@ -17,12 +17,13 @@ from pathlib import Path
 
 from _common import ROOT, finish
 
-from cg_dspy import harness
-from cg_dspy.analysis import cost_totals
-from cg_dspy.data import load_tasks
-from cg_dspy.lm import LMSettings, build_lm
-from cg_dspy.store import ResultStore
-from cg_dspy.testserver import ChatServer, default_reply
+from cg_dspy.evaluation import harness
+from cg_dspy.evaluation.data import load_tasks
+from cg_dspy.evaluation.store import ResultStore
+from cg_dspy.lms import LMSettings, build_lm
+from cg_dspy.method import build_program, method_names
+from cg_dspy.reports.analysis import cost_totals
+from cg_dspy.testing.server import ChatServer, default_reply
 
 
 def reply(messages: list[dict]) -> str:
@@ -41,9 +42,9 @@ def main() -> dict:
     results, rows = {}, []
     with ChatServer(reply=reply) as server, tempfile.TemporaryDirectory() as tmp:
         lm = build_lm(LMSettings(model="openai/bench-model", api_base=server.base_url, cache=False))
-        for method in harness.method_names():
+        for method in method_names():
             with ResultStore(Path(tmp) / f"{method}.jsonl") as store:
-                harness.run(harness.build_program(method), tasks, store, lm=lm, method=method, threads=8,
+                harness.run(build_program(method), tasks, store, lm=lm, method=method, threads=8,
                             progress=False)
                 out = list(store.rows.values())
             totals = [cost_totals(r["trace"]["cost"].values()) for r in out]

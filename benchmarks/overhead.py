@@ -17,11 +17,11 @@ from pathlib import Path
 import dspy
 from _common import Timer, finish, median, remote_lm, server_process
 
-from cg_dspy import harness
-from cg_dspy.analysis import cost_totals
-from cg_dspy.data import token_length
-from cg_dspy.schemas import Task
-from cg_dspy.store import ResultStore
+from cg_dspy.evaluation import harness
+from cg_dspy.evaluation.data import Task, token_length
+from cg_dspy.evaluation.store import ResultStore
+from cg_dspy.method import build_program
+from cg_dspy.reports.analysis import cost_totals
 
 REPEATS = 25
 WORDS = "The council minutes record that the eastern granary holds forty sacks of barley. "
@@ -54,7 +54,7 @@ def per_call_bare(lm, task: Task, i: int) -> float:
 
 def measure(lm, tokens: int, tmp: Path) -> tuple[float, float]:
     """Median seconds per call, run and bare taken in turn so machine noise hits both."""
-    program = harness.build_program("contextguard")
+    program = build_program("contextguard")
     per_call_run(lm, program, task_of(tokens, -1), tmp / f"warm-{tokens}.jsonl")  # first-use costs
     run, bare = [], []
     for i in range(REPEATS):

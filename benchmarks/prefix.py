@@ -16,13 +16,12 @@ import sys
 from _common import ROOT, finish
 
 sys.path.insert(0, str(ROOT / "tests"))
-import dspy  # noqa: E402
 from scripted import scripted_lm  # noqa: E402
 from test_program import script  # noqa: E402
 
-from cg_dspy import harness  # noqa: E402
-from cg_dspy.adapter import ConversationAdapter  # noqa: E402
-from cg_dspy.data import load_tasks  # noqa: E402
+from cg_dspy.evaluation.data import load_tasks  # noqa: E402
+from cg_dspy.lms import using
+from cg_dspy.method import build_program
 
 
 def serialized(messages: list[dict]) -> str:
@@ -35,8 +34,8 @@ def main() -> dict:
     for method in ("contextguard", "self-refine"):
         for task in tasks:
             lm, engine = scripted_lm(script())
-            with dspy.context(lm=lm, adapter=ConversationAdapter()):
-                harness.build_program(method)(conversation=task.messages, category=task.category)
+            with using(lm):
+                build_program(method)(conversation=task.messages, category=task.category)
             conversation = serialized([m.model_dump() for m in task.messages])
             first = serialized(engine.calls[0].messages)
             for call in engine.calls[1:]:

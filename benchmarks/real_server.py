@@ -22,7 +22,7 @@ from pathlib import Path
 
 from _common import ROOT, Timer, finish
 
-from cg_dspy.lm import find_local_gguf
+from cg_dspy.lms import find_local_gguf
 
 MAX_TOKENS = "256"
 FULL_PATHS = ("revised", "rolled-back", "early-return")

@@ -22,10 +22,11 @@ from pathlib import Path
 import dspy
 from _common import ROOT, Timer, finish, remote_lm, server_process
 
-from cg_dspy import harness, judge
-from cg_dspy.analysis import cost_totals
-from cg_dspy.data import load_tasks
-from cg_dspy.store import ResultStore
+from cg_dspy.evaluation import harness, judge
+from cg_dspy.evaluation.data import load_tasks
+from cg_dspy.evaluation.store import ResultStore
+from cg_dspy.method import build_program
+from cg_dspy.reports.analysis import cost_totals
 
 LATENCY = 0.05
 THREADS = (1, 4, 16, 64)
@@ -69,7 +70,7 @@ def bare_predict(lm, threads: int, calls: int) -> float:
 def harness_run(lm, threads: int, n_tasks: int, path: Path) -> tuple[float, float, list[dict]]:
     tasks = replicated(n_tasks)
     with ResultStore(path) as store, Timer() as t:
-        harness.run(harness.build_program("contextguard"), tasks, store, lm=lm, method="contextguard",
+        harness.run(build_program("contextguard"), tasks, store, lm=lm, method="contextguard",
                     threads=threads, progress=False)
         rows = list(store.rows.values())
     calls = cost_totals(c for r in rows for c in r["trace"]["cost"].values())["calls"]

@@ -1,16 +1,15 @@
-"""cg_dspy: ContextGuard, structured self-auditing for context learning, in DSPy."""
+"""cg_dspy: ContextGuard, structured self-auditing for context learning, in DSPy.
 
-import os
+    from cg_dspy import ContextGuard, load_program
 
-# Offline and quiet by default: LiteLLM's bundled cost map instead of a download,
-# and no usage telemetry from the libraries we load.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("DO_NOT_TRACK", "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+The method lives in `cg_dspy.method`, LMs and adapters in `cg_dspy.lms`, CL-bench runs
+and grading in `cg_dspy.evaluation`, the paper's tables and figures in
+`cg_dspy.reports`, prompt optimization in `cg_dspy.optimize`, MLflow in
+`cg_dspy.tracking`. Importing the package changes nothing in the process (no
+environment variables, no DSPy patches): the `contextguard` command does that.
+"""
 
-from cg_dspy.baselines import Baseline, SelfRefine  # noqa: E402
-from cg_dspy.program import ContextGuard  # noqa: E402
+from cg_dspy.method import Baseline, ContextGuard, SelfRefine
+from cg_dspy.saved import load_program
 
-__all__ = ["Baseline", "ContextGuard", "SelfRefine"]
+__all__ = ["Baseline", "ContextGuard", "SelfRefine", "load_program"]

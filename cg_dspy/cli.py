@@ -12,18 +12,22 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
-from cg_dspy import analysis, data, harness, judge
-from cg_dspy.endpoint import STRUCTURED_OUTPUT
-from cg_dspy.lm import DEFAULT_TIMEOUT, LMSettings, build_lm
-from cg_dspy.program import ABLATIONS
+from cg_dspy.evaluation import data, harness, judge
+from cg_dspy.evaluation.rows import GradedRow, ResultRow, read_jsonl, validated
+from cg_dspy.evaluation.store import OutputRefused
+from cg_dspy.lms import DEFAULT_TIMEOUT, LMSettings, build_lm, patches
+from cg_dspy.lms.endpoint import STRUCTURED_OUTPUT
+from cg_dspy.method import METHODS, build_program, method_names
+from cg_dspy.method.program import ABLATIONS
+from cg_dspy.optimize.compile import DEFAULT_TUNABLE
+from cg_dspy.optimize.recipes import BUDGETS, RECIPES
 from cg_dspy.redact import printable, scrub
-from cg_dspy.rows import GradedRow, ResultRow, read_jsonl, validated
+from cg_dspy.reports import analysis, markdown
 from cg_dspy.saved import MAX_ROUNDS, ProgramRefused
-from cg_dspy.store import OutputRefused
-from optimize.recipes import BUDGETS, RECIPES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 JUDGE_TEMPERATURE = 0.6
@@ -165,7 +169,7 @@ def cmd_run(args) -> int:
         program = load_program(args.program, lenient=args.lenient_program)
         method = program.config()["method"]  # the saved program says what it is
     else:
-        program = harness.build_program(args.method, args.ablate, args.max_rounds)
+        program = build_program(args.method, args.ablate, args.max_rounds)
         method = args.method
     lm = build_lm(_lm_settings(args))
     result = harness.run(program, tasks, args.out, lm=lm, method=method, threads=args.threads,
@@ -206,7 +210,7 @@ def _track_eval(args, result: dict) -> None:
               "early_stop": not args.no_early_stop, "judge_lm": _lm_settings(args, "judge-").describe()}
     with tracking.run(f"eval-{Path(args.results).stem}", kind="eval", params=params):
         tracking.log_report(result, per_run=False)
-        tracking.log_text(analysis.to_markdown(result), "report.md")
+        tracking.log_text(markdown.to_markdown(result), "report.md")
 
 
 def cmd_report(args) -> int:
@@ -217,20 +221,20 @@ def cmd_report(args) -> int:
         errors += bad
     result = analysis.report(analysis.runs_by_label(files))
     if args.plots:
-        from cg_dspy import plots
+        from cg_dspy.reports import plots
 
         plots.write_all(result, args.plots)
-    print(json.dumps(result, indent=1) if args.format == "json" else analysis.to_markdown(result))
+    print(json.dumps(result, indent=1) if args.format == "json" else markdown.to_markdown(result))
     return EXIT_FAILED if errors else EXIT_OK
 
 
 def cmd_bench(args) -> int:
-    from cg_dspy import bench
+    from cg_dspy.evaluation import bench
 
     tasks, errors = _load(args.tasks, args.strict, args.shard)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        harness.build_program(m)  # fail fast on a bad name
+        build_program(m)  # fail fast on a bad name
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir}: --out-dir names a folder; this is a file")
@@ -258,7 +262,7 @@ def cmd_bench(args) -> int:
                 tracking.log_report(result.report, per_run=True)
                 tracking.log_artifacts(out_dir, "bench")
     if result.report:
-        print(analysis.to_markdown(result.report))
+        print(markdown.to_markdown(result.report))
     _report_failures(result.failed, "task")
     if result.interrupted:
         _interrupted(out_dir)
@@ -267,8 +271,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_optimize(args) -> int:
-    import optimize
-    from cg_dspy import tracking
+    from cg_dspy import optimize, tracking
 
     train, train_errors = _load(args.train, args.strict, None)
     dev, dev_errors = _load(args.dev, args.strict, None)
@@ -301,7 +304,7 @@ def cmd_compare(args) -> int:
     if args.format == "json":
         print(json.dumps(result, indent=1))
         return EXIT_OK
-    print(analysis.compare_markdown(result))
+    print(markdown.compare_markdown(result))
     return EXIT_OK
 
 
@@ -351,7 +354,7 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="generate answers for tasks with one method")
     r.add_argument("tasks", help="CL-bench JSONL file, tencent/CL-bench[:split], or MANIFEST.json#split")
-    r.add_argument("--method", choices=harness.METHODS, default="contextguard")
+    r.add_argument("--method", choices=METHODS, default="contextguard")
     r.add_argument("--ablate", nargs="*", choices=ABLATIONS, default=[], help="ContextGuard components to remove")
     r.add_argument("--max-rounds", type=rounds, default=1, help=f"protected revision rounds, 1-{MAX_ROUNDS} (paper: 1)")
     r.add_argument("--out", required=True, help="result JSONL (resumed if it exists)")
@@ -382,7 +385,7 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run and judge several methods, paired on the same drafts")
     b.add_argument("tasks")
     b.add_argument("--methods", default="baseline,self-refine,contextguard",
-                   help=f"comma-separated, from {','.join(harness.method_names())}")
+                   help=f"comma-separated, from {','.join(method_names())}")
     b.add_argument("--out-dir", required=True)
     b.add_argument("--strict", action="store_true")
     b.add_argument("--shard")
@@ -404,9 +407,10 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--dev", required=True, help="tasks for scoring candidates and the result")
     o.add_argument("--budget", choices=BUDGETS, default="light")
     o.add_argument("--out", required=True, help="compiled program (JSON state)")
-    o.add_argument("--method", default="contextguard", choices=harness.METHODS)
+    o.add_argument("--method", default="contextguard", choices=METHODS)
     o.add_argument("--ablate", nargs="*", choices=ABLATIONS, default=[])
-    o.add_argument("--tunable", nargs="+", default=["audit", "revise"], help="predictors the optimizer may change")
+    o.add_argument("--tunable", nargs="+", default=list(DEFAULT_TUNABLE),
+                   help=f"predictors the optimizer may change (default: {' '.join(DEFAULT_TUNABLE)})")
     o.add_argument("--reflection-model", help="LM that proposes instructions (GEPA, MIPROv2); default: task LM")
     o.add_argument("--reflection-api-base")
     o.add_argument("--strict", action="store_true")
@@ -439,8 +443,17 @@ class _KnownTruncation(logging.Filter):
         return not record.getMessage().startswith("LM response was truncated")
 
 
+# Offline and quiet: LiteLLM's bundled cost map instead of a download, and no usage
+# telemetry from the libraries we load.
+ENVIRONMENT = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "1",
+               "HF_HUB_DISABLE_TELEMETRY": "1", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    for name, value in ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    patches.install()
     logging.getLogger("dspy.clients.lm").addFilter(_KnownTruncation())
     try:
         return args.fn(args)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import dspy
 
-from cg_dspy.program import MAX_ROUNDS
+from cg_dspy.method.program import MAX_ROUNDS
 
 MAX_DEMOS = 32
 MAX_DEMO_CHARS = 2_000_000
@@ -35,10 +35,9 @@ class ProgramRefused(ValueError):
 
 def validate_config(config: object, source: str) -> dict:
     """The `cg_dspy` block, checked: method, ablations, rounds 1-5, thresholds in range."""
-    from cg_dspy import categories
-    from cg_dspy.harness import METHODS
-    from cg_dspy.program import ABLATIONS
-    from cg_dspy.schemas import CATEGORIES
+    from cg_dspy.method import METHODS, specialists
+    from cg_dspy.method.program import ABLATIONS
+    from cg_dspy.method.schemas import CATEGORIES
 
     where = f"{source}: cg_dspy"
     if config is None:
@@ -62,7 +61,7 @@ def validate_config(config: object, source: str) -> dict:
         raise ProgramRefused(f"{where}.min_length_ratio: {ratio!r}; must be a number from 0 to 1")
     policy = config.get("policy")
     if policy is not None:
-        kinds, modes = categories.KINDS, ("separate", "integrated")
+        kinds, modes = specialists.KINDS, specialists.MODES
         if not isinstance(policy, dict):
             raise ProgramRefused(f"{where}.policy: must be an object of category -> [kind, mode]")
         for category, entry in policy.items():
@@ -76,8 +75,8 @@ def validate_config(config: object, source: str) -> dict:
 
 def build_from_config(config: dict) -> dspy.Module:
     """A fresh, untuned program from a validated `cg_dspy` block."""
-    from cg_dspy.categories import SpecialistPolicy
-    from cg_dspy.harness import build_program
+    from cg_dspy.method import build_program
+    from cg_dspy.method.specialists import SpecialistPolicy
 
     options = {"min_length_ratio": config.get("min_length_ratio", 0.5)}
     if config.get("policy"):
@@ -98,6 +97,11 @@ def _signature_state(value: object, predictor, where: str) -> dict:
     fields = list(predictor.signature.fields)
     if not isinstance(value, dict) or set(value) - {"instructions", "fields"}:
         raise ProgramRefused(f"{where}.signature: must be {{'instructions', 'fields'}}")
+    saved = value.get("fields", [])
+    if where.endswith(": audit") and isinstance(saved, list) and len(saved) == len(fields) + 1:
+        # Saved before the integrated criteria moved from an input into the audit
+        # predictors' instructions (audit_rules, audit_empirical): drop that input.
+        value = {**value, "fields": saved[:2] + saved[3:]}
     instructions = value.get("instructions", predictor.signature.instructions)
     if not isinstance(instructions, str) or len(instructions) > MAX_INSTRUCTION_CHARS:
         raise ProgramRefused(f"{where}.signature.instructions: must be text of at most {MAX_INSTRUCTION_CHARS} "

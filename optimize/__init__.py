@@ -1,6 +1,6 @@
 """Prompt optimization of ContextGuard's stages with DSPy optimizers (see `compile`)."""
 
-from optimize.compile import OptimizeResult, evaluate, optimize
-from optimize.recipes import BUDGETS, RECIPES
+from cg_dspy.optimize.compile import DEFAULT_TUNABLE, OptimizeResult, evaluate, optimize
+from cg_dspy.optimize.recipes import BUDGETS, RECIPES
 
-__all__ = ["BUDGETS", "RECIPES", "OptimizeResult", "evaluate", "optimize"]
+__all__ = ["BUDGETS", "DEFAULT_TUNABLE", "RECIPES", "OptimizeResult", "evaluate", "optimize"]

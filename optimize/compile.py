@@ -1,7 +1,8 @@
 """The compile entry point: a program, a train and a dev split, an optimizer recipe.
 
-By default only the audit and revision predictors are tuned (`tunable`); the others
-are hidden from the optimizer and keep their instructions. The dev split is scored
+By default only the audit predictors (the generic one and each integrated specialist's)
+and the revision are tuned (`tunable`); the others are hidden from the optimizer and
+keep their instructions. The dev split is scored
 before and after with the rubric metric (dense pass rate and strict task-solving
 rate); everything is logged as one MLflow run.
 """
@@ -15,13 +16,16 @@ from pathlib import Path
 import dspy
 
 from cg_dspy import tracking
-from cg_dspy.adapter import ConversationAdapter
-from cg_dspy.data import to_example
-from cg_dspy.harness import build_program
-from cg_dspy.metric import RubricMetric
-from optimize.recipes import RECIPES, compile_with
+from cg_dspy.evaluation.data import to_example
+from cg_dspy.evaluation.metric import RubricMetric
+from cg_dspy.lms import patches, using
+from cg_dspy.method import build_program
+from cg_dspy.method.specialists import integrated_audits
+from cg_dspy.optimize.recipes import RECIPES, compile_with
 
-DEFAULT_TUNABLE = ("audit", "revise")
+# The audit (generic, and each integrated specialist's own, as the default policy runs
+# them) and the revision: the prompts the paper's method turns on.
+DEFAULT_TUNABLE = ("audit", *integrated_audits(), "revise")
 
 
 @dataclass
@@ -37,7 +41,7 @@ class OptimizeResult:
 
 def evaluate(program, examples, metric: RubricMetric, *, lm, threads: int = 4) -> dict:
     """Dense rubric pass rate and strict task-solving rate (overall, per category), in %."""
-    with dspy.context(lm=lm, adapter=ConversationAdapter()):
+    with using(lm):
         result = dspy.Evaluate(devset=examples, metric=metric, num_threads=threads, display_progress=False,
                                provide_traceback=False, max_errors=len(examples) + 1)(program)
     per_cat: dict[str, list[float]] = defaultdict(list)
@@ -72,6 +76,7 @@ def optimize(
     params: dict | None = None,
 ) -> OptimizeResult:
     """Compile `method` with `optimizer` on `train`, score `dev` before and after."""
+    patches.install()
     if optimizer not in RECIPES:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose from {sorted(RECIPES)}")
     program = build_program(method, ablate)
@@ -95,7 +100,7 @@ def optimize(
         before = evaluate(program, devset, metric, lm=task_lm, threads=threads)
         if hasattr(program, "frozen"):
             program.frozen = frozenset(set(names) - set(tunable))
-        with dspy.context(lm=task_lm, adapter=ConversationAdapter()):
+        with using(task_lm):
             compiled = compile_with(optimizer, recipe, program, trainset, devset)
         if hasattr(compiled, "frozen"):
             compiled.frozen = frozenset()  # saved programs hold every stage

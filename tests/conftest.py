@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"
@@ -29,7 +30,7 @@ def _isolated(tmp_path, monkeypatch):
 
 @pytest.fixture
 def tasks():
-    from cg_dspy.data import load_tasks
+    from cg_dspy.evaluation.data import load_tasks
 
     return {t.idx: t for t in load_tasks(DATA / "tasks.jsonl").tasks}
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import dspy
 from dspy.lm15 import Message, Response, TextPart, Usage
 
-from cg_dspy.lm import request_messages
+from cg_dspy.lms.embedded import request_messages
 
 # Stages are told apart by the output keys (typed stages) or input fields (free-text
 # stages) their prompt shows, so a stage is still recognised after an optimizer rewrites

@@ -3,8 +3,8 @@ import json
 import pytest
 from conftest import shared_file
 
-from cg_dspy import analysis
-from cg_dspy.data import length_bin
+from cg_dspy.evaluation.data import length_bin
+from cg_dspy.reports import analysis, markdown
 
 
 def row(idx, cat, sub, status, rubrics=None, votes=None):
@@ -99,7 +99,7 @@ def test_report_has_exactly_the_documented_keys():
     assert set(rep["comparison"]) == {"migration", "newly_solved", "broken_solved", "preserved_solved",
                                       "net_solved_gain", "change_rate", "repair_probability", "regression_risk",
                                       "positive_change_precision", "benefit_risk_ratio", "net_requirement_gain"}
-    md = analysis.to_markdown(rep)
+    md = markdown.to_markdown(rep)
     assert "| before.jsonl | 4 | 1 | 25.00 |" in md and "### Migration" in md
 
 
@@ -123,7 +123,7 @@ def test_official_graded_sample_reports_true_rate(capsys):
 
 
 def test_plots_are_written(tmp_path):
-    from cg_dspy import plots
+    from cg_dspy.reports import plots
 
     written = plots.write_all(analysis.report({"before.jsonl": BEFORE, "after.jsonl": AFTER}), tmp_path)
     assert [p.name for p in written] == ["tsr_by_sub_category.png", "tsr_by_length.png", "migration.png"]

@@ -9,8 +9,8 @@ import time
 import pytest
 from conftest import DATA, cli
 
-from cg_dspy.store import read_rows
-from cg_dspy.testserver import ChatServer
+from cg_dspy.evaluation.store import read_rows
+from cg_dspy.testing.server import ChatServer
 
 
 def remote(server):
@@ -183,14 +183,14 @@ def test_sigkill_mid_eval_then_rerun_grades_every_task_once(tmp_path):
 
 
 def test_saved_programs_load_only_from_json(tmp_path):
-    from cg_dspy.program import ContextGuard
+    from cg_dspy.method.program import ContextGuard
     from cg_dspy.saved import load_program
 
     pickled = tmp_path / "program.pkl"
     pickled.write_bytes(b"\x80\x04K\x01.")
     with pytest.raises(ValueError, match="refusing"):
         load_program(pickled)
-    from cg_dspy.categories import SpecialistPolicy
+    from cg_dspy.method.specialists import SpecialistPolicy
 
     saved = tmp_path / "p.json"
     policy = {"Rule System Application": SpecialistPolicy("rules", "separate")}

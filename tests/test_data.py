@@ -3,8 +3,8 @@ import json
 import pytest
 from conftest import DATA, shared_file
 
-from cg_dspy import data
-from cg_dspy.schemas import CATEGORIES
+from cg_dspy.evaluation import data
+from cg_dspy.method.schemas import CATEGORIES
 
 
 def test_real_clbench_rows_load_and_validate():

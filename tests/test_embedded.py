@@ -1,14 +1,13 @@
 """Real llama.cpp inference: the embedded SmolLM2 model through ContextGuard."""
 
-import dspy
 import pytest
 from conftest import DATA
 
 from cg_dspy import ContextGuard
-from cg_dspy.adapter import ConversationAdapter
-from cg_dspy.data import load_tasks
-from cg_dspy.lm import LMSettings, bound_schema, build_lm, find_local_gguf
-from cg_dspy.schemas import AuditReport
+from cg_dspy.evaluation.data import load_tasks
+from cg_dspy.lms import LMSettings, build_lm, find_local_gguf, using
+from cg_dspy.lms.embedded import bound_schema
+from cg_dspy.method.schemas import AuditReport
 
 
 def test_bound_schema_limits_lists_and_their_strings_only():
@@ -34,7 +33,7 @@ def test_embedded_model_runs_contextguard_for_real():
         pytest.skip("embedded model not installed (pip install -e '.[local]')")
     task = next(t for t in load_tasks(DATA / "demo.jsonl").tasks if t.idx == "demo-ed-1")
     lm = build_lm(LMSettings(cache=False, max_tokens=160))
-    with dspy.context(lm=lm, adapter=ConversationAdapter()):
+    with using(lm):
         pred = ContextGuard()(conversation=task.messages, category=task.category)
     assert pred.draft.strip()
     assert pred.cost["draft"]["calls"] == 1 and pred.cost["draft"]["completion_tokens"] > 0
@@ -48,4 +47,4 @@ def test_embedded_model_runs_contextguard_for_real():
         assert all(len(q) <= 2 for q in (pred.audit.possibly_missed, pred.audit.confirmed_correct))
     if pred.path in ("revised", "rolled-back"):
         assert pred.cost["revise"]["calls"] == 1 and pred.guard is not None
-    assert pred.answer in (pred.draft, (pred.rounds[-1] or {}).get("revised"))
+    assert pred.answer in (pred.draft, pred.rounds[-1].revision)

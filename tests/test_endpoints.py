@@ -10,10 +10,10 @@ import json
 import pytest
 from conftest import DATA, cli
 
-from cg_dspy.data import load_tasks
-from cg_dspy.replies import split_reasoning
-from cg_dspy.store import read_rows
-from cg_dspy.testserver import ChatServer, default_reply
+from cg_dspy.evaluation.data import load_tasks
+from cg_dspy.evaluation.store import read_rows
+from cg_dspy.lms.replies import split_reasoning
+from cg_dspy.testing.server import ChatServer, default_reply
 
 DEMO = str(DATA / "demo.jsonl")
 

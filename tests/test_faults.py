@@ -13,8 +13,8 @@ import time
 import pytest
 from conftest import DATA, cli
 
-from cg_dspy.store import read_rows
-from cg_dspy.testserver import ChatServer
+from cg_dspy.evaluation.store import read_rows
+from cg_dspy.testing.server import ChatServer
 
 PT = "Harbor Lane"  # text only demo-pt-1 contains
 IDS = ["demo-dk-1", "demo-ed-1", "demo-pt-1", "demo-rs-1"]

@@ -1,7 +1,7 @@
 import json
 
-from cg_dspy.guard import concrete_content, revision_guard, structure_of
-from cg_dspy.schemas import PlanItem
+from cg_dspy.method.guard import concrete_content, revision_guard, structure_of
+from cg_dspy.method.schemas import PlanItem
 
 DRAFT = ("## Ruling\nThe first Spark is blocked (R3).\nThe second Spark deals 6 damage (R4).\n"
          "## Result\nTheo has 6 life.")

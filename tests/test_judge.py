@@ -2,7 +2,7 @@ import dspy
 import pytest
 from scripted import scripted_lm
 
-from cg_dspy.judge import RubricJudge, grade_row, majority_decided, majority_label
+from cg_dspy.evaluation.judge import RubricJudge, grade_row, majority_decided, majority_label
 
 
 def votes_lm(sequence_by_requirement, cache=False):
@@ -86,7 +86,7 @@ def test_failed_generation_is_unsolved_without_judge_calls():
 
 
 def test_an_unparseable_vote_is_asked_again_and_then_fails_the_grading_not_counts_as_no():
-    from cg_dspy.judge import JUDGE_ATTEMPTS, JudgeFailure
+    from cg_dspy.evaluation.judge import JUDGE_ATTEMPTS, JudgeFailure
 
     replies = iter(["maybe?", "<think>hmm</think> still thinking", '{"reason": "ok", "satisfaction_status": "yes"}'])
     lm, engine = scripted_lm(lambda stage, messages: next(replies), temperature=0.6)

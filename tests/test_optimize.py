@@ -3,15 +3,13 @@
 import json
 import sqlite3
 
-import dspy
 import pytest
 from conftest import DATA
 from scripted import scripted_lm
 
-import optimize
-from cg_dspy import tracking
-from cg_dspy.adapter import ConversationAdapter
-from cg_dspy.data import load_tasks
+from cg_dspy import ContextGuard, optimize, tracking
+from cg_dspy.evaluation.data import load_tasks
+from cg_dspy.lms import using
 from cg_dspy.saved import load_program
 
 RULE = "NEW-AUDIT-RULE: flag every requirement the answer does not yet meet."
@@ -53,6 +51,11 @@ def splits():
     return tasks[:4], tasks[4:7]
 
 
+def by_ids(*ids):
+    tasks = {t.idx: t for t in load_tasks(DATA / "tasks.jsonl").tasks}
+    return [tasks[i] for i in ids]
+
+
 def run_params(run_id):
     import mlflow
 
@@ -71,7 +74,8 @@ def test_bootstrap_compile_logs_run_and_program_loads_from_file_and_mlflow(store
     run = run_params(result.run_id)
     assert run.data.params["optimizer"] == "bootstrap" and run.data.params["budget"] == "light"
     assert run.data.params["train_size"] == "4" and run.data.params["dev_size"] == "3"
-    assert run.data.params["task_lm.model"] == "scripted/test" and run.data.params["tunable"] == '["audit", "revise"]'
+    assert run.data.params["task_lm.model"] == "scripted/test" and run.data.params["tunable"] == \
+        '["audit", "audit_rules", "audit_empirical", "revise"]'
     assert run.data.metrics["dev.task_solving_rate"] == result.dev_after["task_solving_rate"]
     assert "dev_before.rubric_pass_rate" in run.data.metrics
     import mlflow
@@ -86,7 +90,7 @@ def test_bootstrap_compile_logs_run_and_program_loads_from_file_and_mlflow(store
         assert {n: p.signature.instructions for n, p in loaded.named_predictors()} == \
                {n: p.signature.instructions for n, p in compiled.named_predictors()}
         assert len(loaded.audit.demos) == 1
-        with dspy.context(lm=lm, adapter=ConversationAdapter()):
+        with using(lm):
             a = compiled(conversation=task.messages, category=task.category)
             b = loaded(conversation=task.messages, category=task.category)
         assert (a.answer, a.path, a.fix_set) == (b.answer, b.path, b.fix_set)
@@ -97,17 +101,18 @@ def test_bootstrap_compile_logs_run_and_program_loads_from_file_and_mlflow(store
 
     pickled = mlflow.dspy.load_model(f"runs:/{result.run_id}/model")  # MLflow's own loader, not ours
     mlflow.clear_active_model()  # loading makes the model "active" for later runs' metrics
-    with dspy.context(lm=lm, adapter=ConversationAdapter()):
+    with using(lm):
         assert pickled(conversation=task.messages, category=task.category).answer == a.answer
     with pytest.raises(ValueError, match="holds no program.json"):
         load_program(f"runs:/{result.run_id}/model")  # ours reads only JSON state
 
 
-def test_gepa_finds_the_better_audit_instruction_and_compare_shows_the_diff(store, splits, capsys):
+def test_gepa_finds_the_better_audit_instruction_and_compare_shows_the_diff(store, capsys):
     lm, _ = scripted_lm(behaviour)
-    base = optimize.optimize(optimizer="bootstrap", train=splits[0], dev=splits[1], task_lm=lm, judge_lm=lm,
+    train, dev = by_ids("dk-01", "dk-02"), by_ids("dk-03", "dk-04")  # the generic audit serves these
+    base = optimize.optimize(optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm,
                              budget="light", threads=2)
-    result = optimize.optimize(optimizer="gepa", train=splits[0], dev=splits[1], task_lm=lm, judge_lm=lm,
+    result = optimize.optimize(optimizer="gepa", train=train, dev=dev, task_lm=lm, judge_lm=lm,
                                reflection_lm=lm, budget="light", threads=2)
     assert result.program.audit.signature.instructions == RULE  # the proposal itself, not its JSON envelope
     assert result.dev_before["task_solving_rate"] == 0.0 and result.dev_after["task_solving_rate"] == 100.0
@@ -124,6 +129,24 @@ def test_gepa_finds_the_better_audit_instruction_and_compare_shows_the_diff(stor
     assert cmp["instruction_diff"]["draft"] == ""
     assert main(["compare", "--experiment", "cg-test", "--tracking-uri", store]) == 0
     assert "NEW-AUDIT-RULE" in capsys.readouterr().out
+
+
+def test_gepa_rewrites_the_integrated_rule_fidelity_criteria_and_the_saved_program_holds_them(store, tmp_path):
+    lm, _ = scripted_lm(behaviour)
+    out = tmp_path / "program.json"
+    default = optimize.DEFAULT_TUNABLE
+    assert {"audit", "audit_rules", "audit_empirical", "revise"} == set(default)
+    result = optimize.optimize(optimizer="gepa", train=by_ids("rs-01", "rs-02"), dev=by_ids("rs-03"), task_lm=lm,
+                               judge_lm=lm, reflection_lm=lm, budget="light", threads=2, tunable=("audit_rules",),
+                               out=out, track=False)
+    assert result.program.audit_rules.signature.instructions == RULE  # the rulebook criteria were rewritten
+    assert result.dev_before["task_solving_rate"] == 0.0 and result.dev_after["task_solving_rate"] == 100.0
+    saved = json.loads(out.read_text())
+    assert saved["audit_rules"]["signature"]["instructions"] == RULE
+    assert "rulebook" in ContextGuard().audit_rules.signature.instructions  # what it was before tuning
+    loaded = load_program(out)
+    assert loaded.audit_rules.signature.instructions == RULE
+    assert loaded.audit.signature.instructions == result.program.audit.signature.instructions != RULE
 
 
 def test_api_key_never_reaches_the_store(store, splits, tmp_path, monkeypatch):

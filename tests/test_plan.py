@@ -1,6 +1,6 @@
-from cg_dspy import categories
-from cg_dspy.plan import build_plan, render_items
-from cg_dspy.schemas import AuditItem, AuditReport, SpecialistReport
+from cg_dspy.method import specialists
+from cg_dspy.method.plan import build_plan, render_items
+from cg_dspy.method.schemas import AuditItem, AuditReport, SpecialistReport
 
 
 def audit(**quadrants):
@@ -61,7 +61,7 @@ def test_empty_audit_and_no_specialist_give_empty_fix_set():
 
 
 def test_items_are_bounded_in_count_and_length():
-    from cg_dspy.schemas import MAX_ITEM_CHARS, MAX_ITEMS
+    from cg_dspy.method.schemas import MAX_ITEM_CHARS, MAX_ITEMS
 
     report = AuditReport(possibly_missed=[{"text": "x" * 5000}] * 100)
     assert len(report.possibly_missed) == MAX_ITEMS == 48
@@ -74,9 +74,9 @@ def test_unknown_issue_type_becomes_none():
 
 
 def test_default_category_policy_follows_the_paper():
-    assert categories.resolve("Domain Knowledge Reasoning") == categories.SpecialistPolicy("format", "separate")
-    assert categories.resolve("Procedural Task Execution") == categories.SpecialistPolicy("procedure", "separate")
-    assert categories.resolve("Rule System Application") == categories.SpecialistPolicy("rules", "integrated")
-    assert categories.resolve("Empirical Discovery & Simulation").mode == "integrated"
+    assert specialists.resolve("Domain Knowledge Reasoning") == specialists.SpecialistPolicy("format", "separate")
+    assert specialists.resolve("Procedural Task Execution") == specialists.SpecialistPolicy("procedure", "separate")
+    assert specialists.resolve("Rule System Application") == specialists.SpecialistPolicy("rules", "integrated")
+    assert specialists.resolve("Empirical Discovery & Simulation").mode == "integrated"
     # with no audit to integrate into, the specialist becomes a separate checker
-    assert categories.resolve("Rule System Application", audit_enabled=False).mode == "separate"
+    assert specialists.resolve("Rule System Application", audit_enabled=False).mode == "separate"

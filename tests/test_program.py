@@ -1,9 +1,9 @@
-import dspy
 import pytest
 from scripted import scripted_lm
 
 from cg_dspy import Baseline, ContextGuard, SelfRefine
-from cg_dspy.adapter import STAGE_HEADER, ConversationAdapter
+from cg_dspy.lms import using
+from cg_dspy.lms.adapter import STAGE_HEADER
 
 DRAFT = "- Step 1: oven is 0 C\n- Step 2: oven on to 220 C\n- Step 3: fridge 7 C logged\n- Step 4: door unlocked"
 REVISED = DRAFT.replace("- Step 4: door unlocked", "- Step 4: fridge above 5 C: stop and call the manager")
@@ -32,7 +32,7 @@ def script(audit=FAULTY_AUDIT, revised=REVISED, **extra):
 
 def run(program, task, replies, draft=None):
     lm, engine = scripted_lm(replies)
-    with dspy.context(lm=lm, adapter=ConversationAdapter()):
+    with using(lm):
         pred = program(conversation=task.messages, category=task.category, draft=draft)
     return pred, engine
 
@@ -203,14 +203,14 @@ def test_a_free_text_stage_takes_the_reply_itself_without_its_reasoning(proc_tas
 
 
 def test_a_draft_without_an_answer_fails_the_task(proc_task):
-    from cg_dspy.stages import StageFailure
+    from cg_dspy.method.stages import StageFailure
 
     with pytest.raises(StageFailure, match="draft: unusable output.*no answer"):
         run(ContextGuard(), proc_task, script(draft="<think>I will answer after I check the oven and"))
 
 
 def test_saved_program_rebuilds_with_its_configuration(tmp_path):
-    from cg_dspy.categories import SpecialistPolicy
+    from cg_dspy.method.specialists import SpecialistPolicy
     from cg_dspy.saved import load_program
 
     policy = {"Rule System Application": SpecialistPolicy("rules", "separate")}

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from conftest import DATA, cli
 
-from cg_dspy.store import read_rows
+from cg_dspy.evaluation.store import read_rows
 
 MAX_TOKENS = 256
 
@@ -29,7 +29,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def llama_server():
     pytest.importorskip("llama_cpp.server", reason="needs llama-cpp-python[server] (the dev extra)")
-    from cg_dspy.lm import find_local_gguf
+    from cg_dspy.lms import find_local_gguf
 
     try:
         gguf = find_local_gguf()

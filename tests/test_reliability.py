@@ -13,9 +13,9 @@ import time
 import pytest
 from conftest import DATA, cli
 
-from cg_dspy.program import ContextGuard
-from cg_dspy.store import read_rows
-from cg_dspy.testserver import ChatServer
+from cg_dspy.evaluation.store import read_rows
+from cg_dspy.method.program import ContextGuard
+from cg_dspy.testing.server import ChatServer
 
 DEMO = DATA / "demo.jsonl"
 PT = "Harbor Lane"  # text only demo-pt-1 contains

@@ -25,7 +25,6 @@ Category = Literal[
 ]
 Role = Literal["system", "user", "assistant"]
 IssueType = Literal["numeric", "comparison", "coverage", "unit", "trend", "evidence"]
-SpecialistKind = Literal["format", "procedure", "rules", "empirical"]
 
 # What a stage's cost entry counts: LM calls, answers DSPy's cache served, tokens the
 # server reported, replies cut at max_tokens, and the reasoning that came with them.
@@ -58,72 +57,12 @@ ItemText = Annotated[str, BeforeValidator(_clip), Field(max_length=MAX_ITEM_CHAR
 # --- the task -----------------------------------------------------------------------
 
 
-def rubric_text(value: object) -> object:
-    """A rubric's text: CL-bench rows hold strings or `{"rubric_criteria": "..."}`."""
-    if isinstance(value, dict) and isinstance(value.get("rubric_criteria"), str):
-        return value["rubric_criteria"]
-    return value
-
-
-RubricText = Annotated[str, BeforeValidator(rubric_text)]
-
-
 class Message(BaseModel):
     """One chat turn, in the OpenAI format CL-bench uses."""
 
     model_config = ConfigDict(extra="forbid")
     role: Role
     content: str
-
-
-class TaskMetadata(BaseModel):
-    """CL-bench's per-task metadata; unknown keys are kept."""
-
-    model_config = ConfigDict(extra="allow")
-    task_id: str = Field(min_length=1)
-    context_id: str = Field(min_length=1)
-    context_category: Category
-    sub_category: str = ""
-
-
-class Task(BaseModel):
-    """One CL-bench row: the whole conversation, its rubrics and its metadata."""
-
-    messages: list[Message] = Field(min_length=1)
-    rubrics: list[RubricText] = Field(min_length=1)
-    metadata: TaskMetadata
-
-    @field_validator("messages")
-    @classmethod
-    def _ends_with_user(cls, messages: list[Message]) -> list[Message]:
-        if messages[-1].role != "user":
-            raise ValueError("the last message must be the user's task request")
-        return messages
-
-    @field_validator("rubrics")
-    @classmethod
-    def _rubrics_are_text(cls, rubrics: list[str]) -> list[str]:
-        if any(not r.strip() for r in rubrics):
-            raise ValueError("rubrics must be non-empty strings")
-        return rubrics
-
-    @property
-    def idx(self) -> str:
-        return self.metadata.task_id
-
-    @property
-    def category(self) -> str:
-        return self.metadata.context_category
-
-    @property
-    def system(self) -> str:
-        """s: the system instruction (empty when the row has none)."""
-        return "\n\n".join(m.content for m in self.messages if m.role == "system")
-
-    @property
-    def request(self) -> str:
-        """q: the final user message, the task request."""
-        return self.messages[-1].content
 
 
 # --- stage outputs ----------------------------------------------------------------------
@@ -161,21 +100,16 @@ class AuditReport(BaseModel):
 class SpecialistReport(BaseModel):
     """A specialist signal normalised to (O_t, E_t): satisfied items and violations."""
 
-    kind: SpecialistKind
+    kind: str
     satisfied: SpecialistItems = []
     violations: SpecialistItems = []
 
 
-FixTag = Literal["MISSED", "WRONG", "FORMAT-FAIL", "PROC-FAIL", "RULES-FAIL", "EMPIRICAL-ISSUE"]
-ProtectTag = Literal[
-    "CONFIRMED-CORRECT", "CONFIRMED-DATA", "FORMAT-OK", "PROC-OK", "RULES-OK", "EMPIRICAL-OK"
-]
-
-
 class PlanItem(BaseModel):
-    """A fix-set or protection-set entry as the revision prompt shows it."""
+    """A fix-set or protection-set entry as the revision prompt shows it (Prompt 7's
+    tags: MISSED, WRONG and CONFIRMED-* from the audit, the rest from a specialist)."""
 
-    tag: FixTag | ProtectTag
+    tag: str
     text: str
     issue_type: IssueType | None = None
 

@@ -12,7 +12,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cg_dspy import analysis, harness, judge
+from cg_dspy.evaluation import harness, judge
+from cg_dspy.method import build_program
+from cg_dspy.reports import analysis, markdown
 
 
 @dataclass
@@ -52,7 +54,7 @@ def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol=
     result = BenchResult(report={})
     for method in ordered(methods):
         src = draft_source(method)
-        run = harness.run(harness.build_program(method), tasks, out_dir / f"{method}.jsonl", lm=lm, method=method,
+        run = harness.run(build_program(method), tasks, out_dir / f"{method}.jsonl", lm=lm, method=method,
                           threads=threads, drafts=answers.get(src), progress=progress, force=force,
                           resume_anyway=resume_anyway, inputs=inputs)
         result.failed += [(f"{method}: {idx}", reason) for idx, reason in run.outcome.failed]
@@ -75,6 +77,6 @@ def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol=
         report["comparisons"] = {f"{base} -> {m}": analysis.compare(graded_runs[base], g)
                                  for m, g in graded_runs.items() if m != base}
     (out_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    (out_dir / "report.md").write_text(analysis.to_markdown(report), encoding="utf-8")
+    (out_dir / "report.md").write_text(markdown.to_markdown(report), encoding="utf-8")
     result.report = report
     return result

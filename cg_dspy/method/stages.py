@@ -18,8 +18,8 @@ import pydantic
 from dspy.utils.exceptions import AdapterParseError
 from dspy.utils.usage_tracker import UsageTracker
 
-from cg_dspy import replies
-from cg_dspy.schemas import COST_KEYS
+from cg_dspy.lms import replies
+from cg_dspy.method.schemas import COST_KEYS
 
 PARSE_ATTEMPTS = 2  # a stage's output that does not parse is asked for once more
 RETRY_TEMPERATURE = 0.3
@@ -73,6 +73,15 @@ class Stages:
             entry["reasoning_tokens"] += fact.reasoning_tokens
             if fact.structured_output:
                 self.structured_output[name] = fact.structured_output
+
+
+def cost_totals(stage_costs) -> dict[str, int]:
+    """Every per-stage cost entry ({"calls", "cached", tokens, "truncated", ...}) summed."""
+    totals = dict.fromkeys(COST_KEYS, 0)
+    for c in stage_costs:
+        for key in totals:
+            totals[key] += c.get(key, 0) or 0
+    return totals
 
 
 def retry_config(attempt: int) -> dict:

@@ -9,9 +9,9 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
-from cg_dspy.analysis import NEAR_MISS_BINS  # noqa: E402
-from cg_dspy.data import LENGTH_BINS  # noqa: E402
-from cg_dspy.schemas import CATEGORIES  # noqa: E402
+from cg_dspy.evaluation.data import LENGTH_BINS  # noqa: E402
+from cg_dspy.method.schemas import CATEGORIES  # noqa: E402
+from cg_dspy.reports.analysis import NEAR_MISS_BINS  # noqa: E402
 
 
 def subcategory_plot(result: dict, path: Path) -> None:

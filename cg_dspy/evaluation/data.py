@@ -15,12 +15,76 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
 import pydantic
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from cg_dspy.schemas import CATEGORIES, Task
+from cg_dspy.method.schemas import CATEGORIES, Category, Message
 
 HF_DATASET = "tencent/CL-bench"
+
+
+def rubric_text(value: object) -> object:
+    """A rubric's text: CL-bench rows hold strings or `{"rubric_criteria": "..."}`."""
+    if isinstance(value, dict) and isinstance(value.get("rubric_criteria"), str):
+        return value["rubric_criteria"]
+    return value
+
+
+RubricText = Annotated[str, BeforeValidator(rubric_text)]
+
+
+class TaskMetadata(BaseModel):
+    """CL-bench's per-task metadata; unknown keys are kept."""
+
+    model_config = ConfigDict(extra="allow")
+    task_id: str = Field(min_length=1)
+    context_id: str = Field(min_length=1)
+    context_category: Category
+    sub_category: str = ""
+
+
+class Task(BaseModel):
+    """One CL-bench row: the whole conversation, its rubrics and its metadata."""
+
+    messages: list[Message] = Field(min_length=1)
+    rubrics: list[RubricText] = Field(min_length=1)
+    metadata: TaskMetadata
+
+    @field_validator("messages")
+    @classmethod
+    def _ends_with_user(cls, messages: list[Message]) -> list[Message]:
+        if messages[-1].role != "user":
+            raise ValueError("the last message must be the user's task request")
+        return messages
+
+    @field_validator("rubrics")
+    @classmethod
+    def _rubrics_are_text(cls, rubrics: list[str]) -> list[str]:
+        if any(not r.strip() for r in rubrics):
+            raise ValueError("rubrics must be non-empty strings")
+        return rubrics
+
+    @property
+    def idx(self) -> str:
+        return self.metadata.task_id
+
+    @property
+    def category(self) -> str:
+        return self.metadata.context_category
+
+    @property
+    def system(self) -> str:
+        """s: the system instruction (empty when the row has none)."""
+        return "\n\n".join(m.content for m in self.messages if m.role == "system")
+
+    @property
+    def request(self) -> str:
+        """q: the final user message, the task request."""
+        return self.messages[-1].content
+
+
 LENGTH_BINS = ("0-4K", "4-8K", "8-16K", "16-32K", "32K+")
 _BIN_EDGES = (4_000, 8_000, 16_000, 32_000)
 

@@ -6,6 +6,7 @@ Rows carry what CL-bench's own `eval.py` reads (`idx`, `messages`, `model_output
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -16,42 +17,19 @@ from dataclasses import dataclass
 import dspy
 import pydantic
 
-from cg_dspy.adapter import ConversationAdapter
-from cg_dspy.analysis import cost_totals
-from cg_dspy.baselines import Baseline, SelfRefine
-from cg_dspy.lm import lm_identity
-from cg_dspy.program import ABLATIONS, ContextGuard
-from cg_dspy.runner import Outcome, execute
-from cg_dspy.schemas import Task
-from cg_dspy.store import ResultStore
-
-METHODS = ("baseline", "self-refine", "contextguard")
-
-
-def method_names() -> list[str]:
-    """Every method `bench` knows: the three methods and each single ablation."""
-    return [*METHODS, *(f"contextguard-no-{a}" for a in ABLATIONS)]
-
-
-def build_program(method: str, ablate: tuple[str, ...] | list[str] = (), max_rounds: int = 1,
-                  **options) -> dspy.Module:
-    """The module for a method name; `contextguard-no-X` is ContextGuard with X ablated.
-    `options` (min_length_ratio, policy) go to ContextGuard."""
-    if method == "baseline":
-        return Baseline()
-    if method == "self-refine":
-        return SelfRefine()
-    if method == "contextguard":
-        return ContextGuard(ablate=ablate, max_rounds=max_rounds, **options)
-    if method.startswith("contextguard-no-"):
-        return ContextGuard(ablate=(*ablate, method.removeprefix("contextguard-no-")), max_rounds=max_rounds,
-                            **options)
-    raise ValueError(f"unknown method {method!r}; choose from {method_names()}")
+from cg_dspy.evaluation.data import Task
+from cg_dspy.evaluation.rows import ResultRow
+from cg_dspy.evaluation.runner import Outcome, execute
+from cg_dspy.evaluation.store import ResultStore
+from cg_dspy.lms import lm_identity, patches, using
+from cg_dspy.method.stages import cost_totals
 
 
 def _dump(value):
     if isinstance(value, pydantic.BaseModel):
         return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value):
+        return {f.name: _dump(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, list):
         return [_dump(v) for v in value]
     if isinstance(value, dict):
@@ -96,7 +74,7 @@ def base_row(task: Task, digest: str) -> dict:
 def generate_row(program: dspy.Module, task: Task, method: str, lm, draft: str | None = None) -> dict:
     """Run one task; the row the run file stores."""
     start = time.perf_counter()
-    with dspy.context(lm=lm, adapter=ConversationAdapter()):
+    with using(lm):
         pred = program(conversation=task.messages, category=task.category, draft=draft)
     trace = {**trace_of(pred), "seconds": round(time.perf_counter() - start, 3)}
     return {**base_row(task, input_digest(task, draft)), "model_output": pred.answer, "method": method,
@@ -129,6 +107,7 @@ def run(
 ) -> RunResult:
     """Generate every task not yet in the results file `out`; `drafts` pairs methods on
     the same draft. A task whose input changed since its row was written is done again."""
+    patches.install()
     drafts = drafts or {}
     by_id = {t.idx: t for t in tasks}
     digests = {t.idx: input_digest(t, drafts.get(t.idx)) for t in tasks}
@@ -138,7 +117,7 @@ def run(
         return {**base_row(by_id[idx], digests[idx]), "model_output": "", "method": method, "trace": {}}
 
     def paths(rows: list[dict]) -> dict:
-        return dict(Counter(r.get("trace", {}).get("path", "failed") for r in rows))
+        return dict(Counter((r.get("trace") or {}).get("path", "failed") for r in rows))
 
     with ResultStore(out, kind="results", run=run_settings(program, method, lm), inputs=inputs, force=force,
                      resume_anyway=resume_anyway) as store:
@@ -150,23 +129,21 @@ def run(
 
 def summarize(outcome: Outcome, store: ResultStore) -> dict:
     """Tasks, paths taken, LM calls, tokens and failures over the whole result file."""
-    rows = list(store.rows.values())
-    paths = Counter(r.get("trace", {}).get("path", "?") for r in rows)
-    totals = cost_totals(c for r in rows for c in (r.get("trace", {}).get("cost") or {}).values())
+    traces = [ResultRow.model_validate(r).trace for r in store.rows.values()]
+    totals = cost_totals(c.model_dump() for t in traces for c in t.cost.values())
     return {
-        "tasks": len(rows) + len(outcome.failed),
-        "finished": len(rows),
+        "tasks": len(traces) + len(outcome.failed),
+        "finished": len(traces),
         "resumed": outcome.skipped,
         "failed": len(outcome.failed),
-        "paths": dict(paths),
+        "paths": dict(Counter(t.path or "?" for t in traces)),
         "lm_calls": totals["calls"],
         "cached_answers": totals["cached"],
         "prompt_tokens": totals["prompt_tokens"],
         "completion_tokens": totals["completion_tokens"],
         "truncated_replies": totals["truncated"],
         "reasoning_chars": totals["reasoning_chars"],
-        "structured_output": dict(Counter(mode for r in rows
-                                          for mode in (r.get("trace", {}).get("structured_output") or {}).values())),
+        "structured_output": dict(Counter(mode for t in traces for mode in t.structured_output.values())),
         "seconds": round(outcome.seconds, 2),
         "interrupted": outcome.interrupted,
     }

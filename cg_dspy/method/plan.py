@@ -10,20 +10,8 @@ from __future__ import annotations
 
 import re
 
-from cg_dspy.schemas import AuditItem, AuditReport, PlanItem, RevisionPlan, SpecialistReport
-
-FAIL_TAG = {
-    "format": "FORMAT-FAIL",
-    "procedure": "PROC-FAIL",
-    "rules": "RULES-FAIL",
-    "empirical": "EMPIRICAL-ISSUE",
-}
-OK_TAG = {
-    "format": "FORMAT-OK",
-    "procedure": "PROC-OK",
-    "rules": "RULES-OK",
-    "empirical": "EMPIRICAL-OK",
-}
+from cg_dspy.method.schemas import AuditItem, AuditReport, PlanItem, RevisionPlan, SpecialistReport
+from cg_dspy.method.specialists import SPECIALISTS
 
 
 def _key(text: str) -> str:
@@ -44,7 +32,7 @@ def _union(items: list[PlanItem]) -> list[PlanItem]:
 
 def _audit_fix_item(item: AuditItem, default_tag: str) -> PlanItem:
     # An audit item with an empirical issue type is the integrated empirical signal E_t.
-    tag = "EMPIRICAL-ISSUE" if item.issue_type else default_tag
+    tag = SPECIALISTS["empirical"].fail_tag if item.issue_type else default_tag
     return PlanItem(tag=tag, text=item.text, issue_type=item.issue_type)
 
 
@@ -68,8 +56,9 @@ def build_plan(
             protect += [PlanItem(tag="CONFIRMED-CORRECT", text=i.text) for i in audit.confirmed_correct]
             protect += [PlanItem(tag="CONFIRMED-DATA", text=i.text) for i in audit.confirmed_data]
     if specialist is not None:
-        fix += [PlanItem(tag=FAIL_TAG[specialist.kind], text=t) for t in specialist.violations]
-        protect += [PlanItem(tag=OK_TAG[specialist.kind], text=t) for t in specialist.satisfied]
+        record = SPECIALISTS[specialist.kind]
+        fix += [PlanItem(tag=record.fail_tag, text=t) for t in specialist.violations]
+        protect += [PlanItem(tag=record.ok_tag, text=t) for t in specialist.satisfied]
     return RevisionPlan(fix_set=_union(fix), protect_set=_union(protect))
 
 

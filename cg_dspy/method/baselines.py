@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dspy
 
-from cg_dspy.program import SavesConfig, as_conversation
-from cg_dspy.signatures import Generate, SelfFeedback, SelfRefineRevision
-from cg_dspy.stages import StageFailure, Stages
+from cg_dspy.method.program import SavesConfig, as_conversation
+from cg_dspy.method.signatures import Generate, SelfFeedback, SelfRefineRevision
+from cg_dspy.method.stages import StageFailure, Stages
 
 
 class Baseline(SavesConfig, dspy.Module):

@@ -269,7 +269,7 @@ async def _serve_fast(latency: float) -> None:
 
 
 def main() -> None:
-    """`python -m cg_dspy.testserver [--latency S] [--fast]`: serve until stdin closes;
+    """`python -m cg_dspy.testing.server [--latency S] [--fast]`: serve until stdin closes;
     prints the URL first."""
     import argparse
     import asyncio

@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from dspy import lm15
 
-from cg_dspy import replies
+from cg_dspy.lms import replies
 
 STRUCTURED_OUTPUT = ("auto", "json_schema", "json_object", "off")
 _NEGOTIATION = ("json_schema", "json_object", "off")

@@ -16,9 +16,9 @@ stages of one task share no prefix, and they wrap every output in JSON. Here:
 - A typed stage (audit, checkers) asks for its JSON schema as the response format;
   the endpoint engine sends it in the form the server takes.
 
-Signatures without a `conversation` field (the judge) are formatted by the stock
-JSONAdapter. Every reply is read without leading `<think>` reasoning, whichever LM
-produced it.
+Signatures without a `conversation` field (the judge, DSPy's instruction proposers)
+are formatted as DSPy's JSONAdapter formats them. Every reply is read without leading
+`<think>` reasoning, whichever LM produced it.
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ import dspy
 import pydantic
 from dspy.utils.exceptions import AdapterParseError
 
-from cg_dspy import patches
-from cg_dspy.replies import split_reasoning
-from cg_dspy.schemas import Message
+from cg_dspy.lms.replies import split_reasoning
+from cg_dspy.method.schemas import Message
 
 CONVERSATION_FIELD = "conversation"
 STAGE_HEADER = "\n\n=====\n"
@@ -87,23 +86,7 @@ def as_messages(conversation: list[Message] | list[dict]) -> list[dict[str, str]
     return out
 
 
-class JSONAdapter(dspy.JSONAdapter):
-    """DSPy's JSONAdapter that reads replies without their reasoning (the judge uses it)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        patches.install()
-
-    def parse(self, signature, completion):  # noqa: D102 - see the class
-        return super().parse(signature, split_reasoning(completion)[1])
-
-    def _prepare_response_format(self, lm, lm_kwargs, signature):
-        chosen = response_format(lm, signature)  # decided once per LM and output fields
-        if chosen is not None:
-            lm_kwargs.setdefault("response_format", chosen)
-
-
-class ConversationAdapter(JSONAdapter):
+class ConversationAdapter(dspy.JSONAdapter):
     """Conversation-first prompts; free-text stages answer in text, typed stages in JSON."""
 
     def __call__(self, lm, lm_kwargs, signature, demos, inputs):
@@ -124,10 +107,11 @@ class ConversationAdapter(JSONAdapter):
         return messages
 
     def parse(self, signature, completion):  # noqa: D102 - documented on the class
+        answer = split_reasoning(completion)[1]
         name = free_text_field(signature)
         if name is None:
-            return super().parse(signature, completion)
-        answer = split_reasoning(completion)[1].strip()
+            return super().parse(signature, answer)
+        answer = answer.strip()
         if not answer:
             raise AdapterParseError(adapter_name=type(self).__name__, signature=signature, lm_response=completion,
                                     message="the reply holds no answer (empty, or only reasoning)")

@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -34,8 +34,8 @@ from pydantic import (
     field_validator,
 )
 
-from cg_dspy.data import RowError, explain
-from cg_dspy.schemas import Message, RubricText
+from cg_dspy.evaluation.data import RowError, RubricText, explain
+from cg_dspy.method.schemas import Message
 
 Status = Literal["yes", "no"]
 
@@ -129,10 +129,22 @@ class Row(BaseModel):
         return self.metadata.task_id or self.idx
 
 
+class Trace(BaseModel):
+    """What the method did for one task (every stage output is kept, typed or not)."""
+
+    model_config = ConfigDict(extra="allow")
+    path: str | None = None
+    draft: str | None = None
+    cost: dict[str, StageCost] = {}
+    failures: list[str] = []
+    structured_output: dict[str, str] = {}
+    seconds: NonNegativeFloat | None = None
+
+
 class ResultRow(Row):
     """One generation, as `run` writes it."""
 
-    trace: dict[str, Any] = {}
+    trace: Trace = Field(default_factory=Trace)
 
 
 class GradedRow(Row):

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from cg_dspy.rows import read_jsonl
+from cg_dspy.evaluation.rows import read_jsonl
 
 KINDS = ("results", "graded")
 

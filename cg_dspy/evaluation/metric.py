@@ -14,8 +14,8 @@ import threading
 
 import dspy
 
-from cg_dspy.adapter import JSONAdapter
-from cg_dspy.judge import JudgeFailure, RubricJudge
+from cg_dspy.evaluation.judge import JudgeFailure, RubricJudge
+from cg_dspy.lms import using
 
 
 class RubricMetric:
@@ -39,7 +39,7 @@ class RubricMetric:
             if key in self.memo:
                 return self.memo[key]
         try:
-            with dspy.context(lm=self.judge_lm, adapter=JSONAdapter()):
+            with using(self.judge_lm):
                 pred = self.judge(response=answer, requirement=requirement)
         except JudgeFailure:
             return "no"  # no verdict: not satisfied for this score, and not remembered

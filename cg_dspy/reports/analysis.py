@@ -13,9 +13,9 @@ from collections import defaultdict
 from itertools import combinations
 from pathlib import Path
 
-from cg_dspy.data import LENGTH_BINS, length_bin, token_length
-from cg_dspy.rows import GradedRow, graded_rows
-from cg_dspy.schemas import COST_KEYS
+from cg_dspy.evaluation.data import LENGTH_BINS, length_bin, token_length
+from cg_dspy.evaluation.rows import GradedRow, graded_rows
+from cg_dspy.method.stages import cost_totals
 
 NEAR_MISS_BINS = ("0", "1", "2-3", "4-8", ">8")
 RUBRIC_TYPES = (
@@ -205,15 +205,6 @@ def judge_stability(rows) -> dict | None:
     return {"votes": k, "requirement": level(req), "task": level(tasks)}
 
 
-def cost_totals(stage_costs) -> dict[str, int]:
-    """Every per-stage cost entry ({"calls", "cached", tokens, "truncated", ...}) summed."""
-    totals = dict.fromkeys(COST_KEYS, 0)
-    for c in stage_costs:
-        for key in totals:
-            totals[key] += c.get(key, 0) or 0
-    return totals
-
-
 def cost_summary(rows) -> dict | None:
     """LM calls, tokens and seconds per task of the generating method (None if unrecorded)."""
     costed = [r.cost for r in graded_rows(rows) if r.cost]
@@ -279,86 +270,3 @@ def report(runs: dict[str, list]) -> dict:
     if cost:
         out["cost"] = cost
     return out
-
-
-# --- markdown ---------------------------------------------------------------------
-
-
-def _fmt(value) -> str:
-    """A table cell; text from files cannot break the table (| and newlines escaped)."""
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.2f}"
-    return " ".join(str(value).split()).replace("|", "\\|")
-
-
-def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _rates(title: str, runs: dict, key: str) -> str:
-    names = list(runs)
-    groups = sorted({g for r in runs.values() for g in r[key]}, key=lambda g: (
-        LENGTH_BINS.index(g) if g in LENGTH_BINS else -1, g))
-    rows = []
-    for g in groups:
-        cells = []
-        for n in names:
-            cell = runs[n][key].get(g)
-            cells.append(f"{_fmt(cell['task_solving_rate'])} ({cell['solved']}/{cell['tasks']})" if cell else "–")
-        rows.append([g, *cells])
-    return f"### {title}\n\n" + _table([key.replace("by_", "").replace("_", " "), *names], rows)
-
-
-def to_markdown(result: dict) -> str:
-    """The report as Markdown tables, in the order of the paper's tables."""
-    runs = result["runs"]
-    names = list(runs)
-    out = ["## Task-solving rate (%)\n", _table(
-        ["run", "tasks", "solved", "TSR"],
-        [[n, runs[n]["tasks"], runs[n]["solved"], runs[n]["task_solving_rate"]] for n in names])]
-    for key, title in (("by_category", "By category"), ("by_sub_category", "By sub-category"),
-                       ("by_length_bin", "By input length (cl100k_base tokens)")):
-        out.append("\n" + _rates(title, runs, key))
-    out.append("\n### Near-miss distribution (tasks by unsatisfied requirements)\n")
-    out.append(_table(["run", *NEAR_MISS_BINS], [[n, *runs[n]["near_miss"].values()] for n in names]))
-    out.append("\n### Failure rate by requirement type (%, task-averaged)\n")
-    out.append(_table(["type", *names], [[t, *(runs[n]["rubric_type_failure"][t] for n in names)]
-                                         for t in RUBRIC_TYPES]))
-    comparisons = dict(result.get("comparisons") or {})
-    if "comparison" in result:
-        comparisons[f"{names[0]} -> {names[1]}"] = result["comparison"]
-    for title, c in comparisons.items():
-        out.append(f"\n## {title}\n\n### Migration (rows: before, columns: after)\n")
-        out.append(_table(["before \\ after", *NEAR_MISS_BINS],
-                          [[b, *c["migration"][b].values()] for b in NEAR_MISS_BINS]))
-        keys = [k for k in c if k != "migration"]
-        out.append("\n" + _table(["measure", "value"], [[k, c[k]] for k in keys]))
-    if result.get("cost"):
-        keys = ["lm_calls_per_task", "cached_answers_per_task", "prompt_tokens_per_task",
-                "completion_tokens_per_task", "seconds_per_task"]
-        out.append("\n### Generation cost per task\n")
-        out.append(_table(["run", *keys], [[n, *(c[k] for k in keys)] for n, c in result["cost"].items()]))
-    for name, s in (result.get("judge_stability") or {}).items():
-        out.append(f"\n### Judge stability: {name} (K = {s['votes']})\n")
-        out.append(_table(["level", "instances", "single-vote agreement", "majority-vote agreement"],
-                          [[lvl, s[lvl]["instances"], s[lvl]["single_vote_agreement"],
-                            s[lvl]["majority_vote_agreement"]] for lvl in ("requirement", "task")]))
-    return "\n".join(out) + "\n"
-
-
-def compare_markdown(result: dict) -> str:
-    """`contextguard compare` as Markdown: runs side by side, then instruction diffs."""
-    runs = result["runs"]
-    metric_names = sorted({m for r in runs for m in r["metrics"]})
-    keys = ("optimizer", "budget", "method", "task_lm.model", "judge_lm.model")
-    rows = [[r["run_id"][:8], r["name"], r["kind"], *(r["params"].get(k, "") for k in keys),
-             *(r["metrics"].get(m) for m in metric_names)] for r in runs]
-    out = ["## Runs\n", _table(["run", "name", "kind", *keys, *metric_names], rows)]
-    for name, diff in result.get("instruction_diff", {}).items():
-        out.append(f"\n### {name}: instruction diff ({' -> '.join(i[:8] for i in result['diffed'])})\n")
-        out.append("```diff\n" + (diff or "(unchanged)") + "\n```")
-    return "\n".join(out) + "\n"

@@ -13,7 +13,7 @@ from typing import Literal
 
 import dspy
 
-from cg_dspy.schemas import AuditItems, Message, SpecialistItems
+from cg_dspy.method.schemas import AuditItems, Message, SpecialistItems
 
 
 def _list_output(desc: str):
@@ -59,12 +59,10 @@ class StructuredAudit(dspy.Signature):
       elements that are missing or covered too thinly.
     - possibly_wrong: reasoning, calculations, rule applications, conclusions or answer
       parts that may be incorrect.
-    Apply the extra criteria too, when any are given. Leave a list empty when nothing
-    belongs in it."""
+    Leave a list empty when nothing belongs in it."""
 
     conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
     previous_answer: str = dspy.InputField(desc=_PREVIOUS)
-    criteria: str = dspy.InputField(desc="Category-specific criteria to check as part of the audit.")
     confirmed_correct: AuditItems = _list_output("Q_A: correct parts to preserve.")
     confirmed_data: AuditItems = _list_output("Q_B: context data used correctly.")
     possibly_missed: AuditItems = _list_output("Q_C: missing or thin coverage.")

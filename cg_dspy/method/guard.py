@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import re
 
-from cg_dspy.schemas import GuardVerdict, PlanItem
+from cg_dspy.method.schemas import GuardVerdict, PlanItem
+from cg_dspy.method.specialists import SPECIALISTS
 
 MIN_LENGTH_RATIO = 0.5
 
@@ -60,7 +61,7 @@ def _is_json(text: str) -> bool:
 
 
 def _asks_for_format_change(fix_set: list[PlanItem]) -> bool:
-    return any(i.tag == "FORMAT-FAIL" or _FORMAT_WORDS.search(i.text) for i in fix_set)
+    return any(i.tag == SPECIALISTS["format"].fail_tag or _FORMAT_WORDS.search(i.text) for i in fix_set)
 
 
 def revision_guard(

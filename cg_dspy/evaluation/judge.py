@@ -19,11 +19,10 @@ import dspy
 import pydantic
 from dspy.utils.exceptions import AdapterParseError
 
-from cg_dspy.adapter import JSONAdapter
-from cg_dspy.lm import lm_identity
-from cg_dspy.runner import Outcome, execute
-from cg_dspy.signatures import JudgeAllRubrics, JudgeRequirement
-from cg_dspy.store import ResultStore, row_id
+from cg_dspy.evaluation.runner import Outcome, execute
+from cg_dspy.evaluation.store import ResultStore, row_id
+from cg_dspy.lms import lm_identity, patches, using
+from cg_dspy.method.signatures import JudgeAllRubrics, JudgeRequirement
 
 PROTOCOLS = ("rubric", "joint")
 
@@ -159,7 +158,7 @@ def grade_row(
     rubrics = list(row.get("rubrics") or [])
     graded = _graded(row, protocol)
     if protocol == "joint":
-        with dspy.context(lm=judge_lm, adapter=JSONAdapter()):
+        with using(judge_lm):
             out = JointJudge()(response=output, rubrics=rubrics)
         graded.update(requirement_status=out.status, grading_rationale=out.rationale)
         if out.note:
@@ -168,7 +167,7 @@ def grade_row(
         judge = RubricJudge(votes=votes, early_stop=early_stop)
 
         def one(requirement: str):
-            with dspy.context(lm=judge_lm, adapter=JSONAdapter()):
+            with using(judge_lm):
                 return judge(response=output, requirement=requirement)
 
         results = list(pool.map(one, rubrics)) if pool else [one(r) for r in rubrics]
@@ -224,6 +223,7 @@ def grade_file(
     """Grade result rows (dicts or ResultRows) into `out`, resumably. Requirement calls of
     all tasks share one pool of `threads`, so N judge requests stay in flight across
     tasks and requirements. A graded row whose answer or rubrics changed is graded again."""
+    patches.install()
     rows = [r.model_dump(mode="json") if hasattr(r, "model_dump") else r for r in rows]
     source = {row_id(r): r for r in rows}
 

@@ -1,0 +1,208 @@
+"""ContextGuard (paper Algorithm 1) as a dspy.Module.
+
+    y0 = draft(C, q, Reminder(s, q))
+    Q_A..Q_D = audit(C, q, y0)             O_t, E_t = specialist_t(C, q, y0)
+    F = Q_C ∪ Q_D ∪ E_t                    P = Q_A ∪ Q_B ∪ O_t
+    F empty -> y0;  y~ = revise(C, y0, F, P);  guard(y~, y0, P) passes -> y~ else y0
+
+Every stage is its own predictor, so an optimizer tunes the audit and the revision
+separately and a saved program holds each; an integrated specialist is an audit
+predictor of its own (`audit_rules`, `audit_empirical`), its criteria part of its
+instructions. A stage whose output does not parse never fails the task: the current
+answer is kept and the reason is recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import dspy
+
+from cg_dspy.method import specialists
+from cg_dspy.method.guard import MIN_LENGTH_RATIO, revision_guard
+from cg_dspy.method.plan import build_plan, render_items
+from cg_dspy.method.schemas import AuditReport, GuardVerdict, Message, RevisionPlan, SpecialistReport
+from cg_dspy.method.signatures import Generate, ProtectedRevision, ReminderDraft, StructuredAudit
+from cg_dspy.method.specialists import SPECIALISTS, SpecialistPolicy
+from cg_dspy.method.stages import StageFailure, Stages
+
+ABLATIONS = ("reminder", "audit", "protection", "specialists", "guard")
+MAX_ROUNDS = 5  # the paper uses 1; more rounds compound revision errors and cost
+REMINDER_REQUEST_CHARS = 1500
+
+
+def reminder_request(request: str) -> str:
+    """The request text a reminder repeats (Reminder(s, q)).
+
+    A short request is repeated whole. A long final message usually carries the
+    context itself with the question at its end, so only its tail is repeated rather
+    than doubling the prompt.
+    """
+    if len(request) <= REMINDER_REQUEST_CHARS:
+        return request
+    return "(end of the final user message) …" + request[-REMINDER_REQUEST_CHARS:]
+
+
+def as_conversation(conversation) -> list[Message]:
+    """Accept Messages or OpenAI-format dicts; the stages always see Messages."""
+    return [m if isinstance(m, Message) else Message.model_validate(m) for m in conversation]
+
+
+@dataclass
+class Round:
+    """One audit-and-revision round: what each stage produced, and how it ended."""
+
+    audit: AuditReport | None = None
+    specialist: SpecialistReport | None = None
+    plan: RevisionPlan | None = None
+    revision: str | None = None
+    verdict: GuardVerdict | None = None
+    failed: str | None = None  # the stage whose output could not be used
+
+    @property
+    def accepted(self) -> bool:
+        return self.verdict is not None and self.verdict.passed
+
+    @property
+    def outcome(self) -> str:
+        if self.failed:
+            return "stage-failed"
+        if self.plan is not None and not self.plan.fix_set:
+            return "early-return"
+        return "revised" if self.accepted else "rolled-back"
+
+
+def path_of(rounds: list[Round]) -> str:
+    """How the answer came about: "revised" when a revision was kept, else why the
+    draft was: its first round's early return, roll-back or failed stage."""
+    return "revised" if any(r.accepted for r in rounds) else rounds[0].outcome
+
+
+class SavesConfig:
+    """Saved state carries the class's `config()`, so a loader rebuilds the right program."""
+
+    def dump_state(self, *args, **kwargs):
+        return {**super().dump_state(*args, **kwargs), "cg_dspy": self.config()}
+
+
+class ContextGuard(SavesConfig, dspy.Module):
+    """Reminder draft, structured self-audit, specialist signal, protected revision, guard.
+
+    `ablate` removes components as in the paper's Table 3: "reminder" (plain draft),
+    "audit" (no structured self-audit), "protection" (Q_A and Q_B left out of P),
+    "specialists" (no specialist signal), "guard" (every revision accepted).
+    """
+
+    def __init__(
+        self,
+        *,
+        ablate: tuple[str, ...] | list[str] = (),
+        max_rounds: int = 1,
+        policy: dict[str, SpecialistPolicy] | None = None,
+        min_length_ratio: float = MIN_LENGTH_RATIO,
+    ):
+        super().__init__()
+        unknown = set(ablate) - set(ABLATIONS)
+        if unknown:
+            raise ValueError(f"unknown ablation(s) {sorted(unknown)}; choose from {ABLATIONS}")
+        if not 1 <= max_rounds <= MAX_ROUNDS:
+            raise ValueError(f"max_rounds must be from 1 to {MAX_ROUNDS}, not {max_rounds}")
+        self.ablate = tuple(sorted(set(ablate)))
+        self.max_rounds = max_rounds
+        self.policy = policy
+        self.min_length_ratio = min_length_ratio
+        self.generate = dspy.Predict(Generate)
+        self.draft = dspy.Predict(ReminderDraft)
+        self.audit = dspy.Predict(StructuredAudit)
+        for s in SPECIALISTS.values():
+            setattr(self, s.audit_name, dspy.Predict(s.audit_signature()))
+            setattr(self, s.checker_name, dspy.Predict(s.checker))
+        self.revise = dspy.Predict(ProtectedRevision)
+
+    def uses(self, component: str) -> bool:
+        return component not in self.ablate
+
+    def config(self) -> dict:
+        """What rebuilds this program before its saved state is loaded."""
+        policy = {c: [p.kind, p.mode] for c, p in self.policy.items()} if self.policy else None
+        return {"method": "contextguard", "ablate": list(self.ablate), "max_rounds": self.max_rounds,
+                "min_length_ratio": self.min_length_ratio, "policy": policy}
+
+    # Optimizers tune what named_parameters() lists; `frozen` hides stages from them.
+    frozen: frozenset[str] = frozenset()
+
+    def named_parameters(self):
+        return [(n, p) for n, p in super().named_parameters() if n not in self.frozen]
+
+    def forward(self, conversation, category: str, draft: str | None = None) -> dspy.Prediction:
+        """Run Algorithm 1. Pass `draft` to revise an existing draft (paired comparisons)."""
+        conversation, stages = as_conversation(conversation), Stages()
+        draft = self._draft(stages, conversation) if draft is None else draft
+        policy = specialists.resolve(category, self.policy, audit_enabled=self.uses("audit"))
+        policy = policy if self.uses("specialists") else None
+        answer, rounds = draft, []
+        for _ in range(self.max_rounds):
+            rounds.append(self._round(stages, conversation, answer, policy))
+            if not rounds[-1].accepted:
+                break
+            answer = rounds[-1].revision
+        last = rounds[-1]
+        return dspy.Prediction(
+            answer=answer, draft=draft, path=path_of(rounds), audit=last.audit, specialist=last.specialist,
+            fix_set=last.plan.fix_set if last.plan else [], protect_set=last.plan.protect_set if last.plan else [],
+            guard=last.verdict, rounds=rounds, failures=stages.failures, cost=stages.cost,
+            structured_output=stages.structured_output)
+
+    def _draft(self, stages: Stages, conversation) -> str:
+        """y0, with the reminder of the system rules and final request (Prompt 1)."""
+        if not self.uses("reminder"):
+            return stages.run("draft", self.generate, conversation=conversation).answer
+        return stages.run("draft", self.draft, conversation=conversation,
+                          request=reminder_request(conversation[-1].content)).answer
+
+    def _round(self, stages: Stages, conversation, answer: str, policy: SpecialistPolicy | None) -> Round:
+        """Audit, specialist signal, F and P, protected revision, guard: one round."""
+        turn = Round()
+        try:
+            turn.audit = self._audit(stages, conversation, answer, policy)
+        except StageFailure:
+            turn.failed = "audit"
+            return turn
+        turn.specialist = self._specialist(stages, conversation, answer, policy)
+        turn.plan = build_plan(turn.audit, turn.specialist, protect_audit=self.uses("protection"))
+        if not turn.plan.fix_set:
+            return turn
+        try:
+            turn.revision = stages.run("revise", self.revise, conversation=conversation, previous_answer=answer,
+                                       fix_set=render_items(turn.plan.fix_set),
+                                       protect_set=render_items(turn.plan.protect_set)).revised_answer
+        except StageFailure:
+            turn.failed = "revise"
+            return turn
+        turn.verdict = (revision_guard(turn.revision, answer, turn.plan.protect_set, turn.plan.fix_set,
+                                       min_length_ratio=self.min_length_ratio)
+                        if self.uses("guard") else GuardVerdict(passed=True, reasons=["guard disabled"]))
+        return turn
+
+    def _audit(self, stages: Stages, conversation, answer, policy) -> AuditReport | None:
+        """Q_A..Q_D; an integrated specialist's criteria are part of its own audit predictor."""
+        if not self.uses("audit"):
+            return None
+        integrated = policy is not None and policy.mode == "integrated"
+        predictor = getattr(self, SPECIALISTS[policy.kind].audit_name) if integrated else self.audit
+        out = stages.run("audit", predictor, conversation=conversation, previous_answer=answer)
+        return AuditReport(confirmed_correct=out.confirmed_correct or [], confirmed_data=out.confirmed_data or [],
+                           possibly_missed=out.possibly_missed or [], possibly_wrong=out.possibly_wrong or [])
+
+    def _specialist(self, stages: Stages, conversation, answer, policy) -> SpecialistReport | None:
+        """O_t, E_t from a separate checker call; integrated criteria already ran in the audit."""
+        if policy is None or policy.mode != "separate":
+            return None
+        record = SPECIALISTS[policy.kind]
+        try:
+            out = stages.run(policy.kind, getattr(self, record.checker_name), conversation=conversation,
+                             previous_answer=answer)
+        except StageFailure:
+            return None  # recorded in stages.failures; the audit's F and P still stand
+        return SpecialistReport(kind=policy.kind, satisfied=getattr(out, record.satisfied) or [],
+                                violations=getattr(out, record.violations) or [])
