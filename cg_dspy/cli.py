@@ -21,7 +21,7 @@ from cg_dspy.evaluation.rows import GradedRow, ResultRow, read_jsonl, validated
 from cg_dspy.evaluation.store import OutputRefused
 from cg_dspy.lms import DEFAULT_TIMEOUT, LMSettings, build_lm, patches
 from cg_dspy.lms.endpoint import STRUCTURED_OUTPUT
-from cg_dspy.method import METHODS, build_program, method_names
+from cg_dspy.method import LAYOUTS, METHODS, build_program, method_names
 from cg_dspy.method.program import ABLATIONS
 from cg_dspy.optimize.compile import DEFAULT_TUNABLE
 from cg_dspy.optimize.recipes import BUDGETS, RECIPES
@@ -169,7 +169,7 @@ def cmd_run(args) -> int:
         program = load_program(args.program, lenient=args.lenient_program)
         method = program.config()["method"]  # the saved program says what it is
     else:
-        program = build_program(args.method, args.ablate, args.max_rounds)
+        program = build_program(args.method, args.ablate, args.max_rounds, layout=args.layout)
         method = args.method
     lm = build_lm(_lm_settings(args))
     result = harness.run(program, tasks, args.out, lm=lm, method=method, threads=args.threads,
@@ -245,7 +245,7 @@ def cmd_bench(args) -> int:
             judge_lm=build_lm(_lm_settings(args, "judge-"), default_temperature=JUDGE_TEMPERATURE),
             votes=args.votes, protocol=args.protocol, threads=args.threads, progress=not args.quiet,
             early_stop=not args.no_early_stop, force=args.force, resume_anyway=args.resume_anyway,
-            inputs=(_file_input(args.tasks),))
+            inputs=(_file_input(args.tasks),), layout=args.layout)
 
     if args.no_track:
         result = go()
@@ -287,6 +287,7 @@ def cmd_optimize(args) -> int:
         task_lm=build_lm(task_settings),
         judge_lm=build_lm(judge_settings, default_temperature=JUDGE_TEMPERATURE),
         reflection_lm=reflection, method=args.method, ablate=tuple(args.ablate), tunable=tuple(args.tunable),
+        layout=args.layout,
         threads=args.threads, out=args.out, track=not args.no_track,
         params={"task_lm": task_settings.describe(), "judge_lm": judge_settings.describe(),
                 "train": args.train, "dev": args.dev},
@@ -329,6 +330,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
 
+    def layout(sp):
+        sp.add_argument("--layout", choices=LAYOUTS, default="chat",
+                        help="chat: every stage after the draft continues the draft's chat, so a prefix-caching "
+                        "server prefills only the stage's own text (default); inline: the stage is appended to "
+                        "the task's last message")
+
     def common(sp, judge_flags=False, task_flags=True):
         sp.add_argument("--threads", type=positive_int, default=4, help="LM requests kept in flight (default 4)")
         sp.add_argument("--no-cache", action="store_true", help="bypass DSPy's LM cache")
@@ -367,6 +374,7 @@ def parser() -> argparse.ArgumentParser:
                    "sqlite:///mlflow.db)")
     common(r)
     output(r)
+    layout(r)
     r.set_defaults(fn=cmd_run)
 
     e = sub.add_parser("eval", help="judge a result file with the rubric judge")
@@ -391,6 +399,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--shard")
     common(b, judge_flags=True)
     output(b)
+    layout(b)
     b.set_defaults(fn=cmd_bench)
 
     def tracked(sp):
@@ -416,6 +425,7 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--strict", action="store_true")
     common(o, judge_flags=True)
     tracked(o)
+    layout(o)
     o.set_defaults(fn=cmd_optimize)
 
     c = sub.add_parser("compare", help="runs of an MLflow experiment side by side, with instruction diffs")

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import dspy
 
-from cg_dspy.method.program import MAX_ROUNDS
+from cg_dspy.method.program import LAYOUTS, MAX_ROUNDS
 
 MAX_DEMOS = 32
 MAX_DEMO_CHARS = 2_000_000
 MAX_INSTRUCTION_CHARS = 50_000
 # DSPy writes these with every predictor; empty they are harmless, anything else is refused.
 _EMPTY_AS_SAVED = {"traces": [], "train": [], "lm": None, "fields": {}, "config": {}}
-_CONFIG_KEYS = ("method", "ablate", "max_rounds", "min_length_ratio", "policy")
+_CONFIG_KEYS = ("method", "ablate", "max_rounds", "min_length_ratio", "policy", "layout")
 
 
 class ProgramRefused(ValueError):
@@ -59,6 +59,9 @@ def validate_config(config: object, source: str) -> dict:
     ratio = config.get("min_length_ratio", 0.5)
     if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0.0 <= ratio <= 1.0:
         raise ProgramRefused(f"{where}.min_length_ratio: {ratio!r}; must be a number from 0 to 1")
+    layout = config.get("layout", "inline")  # programs saved before layouts were tuned inline
+    if layout not in LAYOUTS:
+        raise ProgramRefused(f"{where}.layout: {layout!r} is not one of {list(LAYOUTS)}")
     policy = config.get("policy")
     if policy is not None:
         kinds, modes = specialists.KINDS, specialists.MODES
@@ -70,7 +73,7 @@ def validate_config(config: object, source: str) -> dict:
                 raise ProgramRefused(f"{where}.policy[{category!r}]: {entry!r}; categories are {list(CATEGORIES)}, "
                                      f"entries [kind, mode] with kind in {list(kinds)} and mode in {list(modes)}")
     return {"method": method, "ablate": ablate, "max_rounds": rounds, "min_length_ratio": float(ratio),
-            "policy": policy}
+            "policy": policy, "layout": layout}
 
 
 def build_from_config(config: dict) -> dspy.Module:
@@ -84,7 +87,7 @@ def build_from_config(config: dict) -> dspy.Module:
     if config["method"] != "contextguard":
         options = {}
     return build_program(config["method"], tuple(config.get("ablate") or ()), config.get("max_rounds", 1),
-                         **options)
+                         layout=config.get("layout", "inline"), **options)
 
 
 def _refuse(message: str, lenient: bool) -> None:

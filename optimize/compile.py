@@ -70,6 +70,7 @@ def optimize(
     method: str = "contextguard",
     ablate: tuple[str, ...] = (),
     tunable: tuple[str, ...] = DEFAULT_TUNABLE,
+    layout: str = "chat",
     threads: int = 4,
     out: str | Path | None = None,
     track: bool = True,
@@ -79,7 +80,7 @@ def optimize(
     patches.install()
     if optimizer not in RECIPES:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose from {sorted(RECIPES)}")
-    program = build_program(method, ablate)
+    program = build_program(method, ablate, layout=layout)
     names = [n for n, _ in program.named_predictors()]
     unknown = set(tunable) - set(names)
     if unknown:

@@ -34,14 +34,16 @@ MARKERS = [
     ("revise", ["[fix_set]"]),
     ("refine", ["[feedback]"]),
     ("feedback", ["[previous_answer]"]),
+    ("feedback", ["actionable feedback"]),  # chat layout: the previous answer is the turn before
     ("draft", ["[request]"]),
 ]
 
 
 def stage_of(messages: list[dict]) -> str:
-    text = "\n".join(m["content"] for m in messages)
+    """The stage asking, from the last message (where every layout puts the stage)."""
+    last = messages[-1]["content"]
     for name, needles in MARKERS:
-        if all(n in text for n in needles):
+        if all(n in last for n in needles):
             return name
     return "generate"
 

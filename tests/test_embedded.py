@@ -38,6 +38,8 @@ def test_embedded_model_runs_contextguard_for_real():
     assert pred.draft.strip()
     assert pred.cost["draft"]["calls"] == 1 and pred.cost["draft"]["completion_tokens"] > 0
     assert pred.cost["audit"]["calls"] == 1  # empirical: the specialist is inside the audit
+    # llama.cpp kept the draft's chat in its context: the audit evaluated only its own turn
+    assert 0 < pred.cost["audit"]["cached_prompt_tokens"] < pred.cost["audit"]["prompt_tokens"]
     assert "empirical" not in pred.cost
     assert pred.path in ("early-return", "revised", "rolled-back", "stage-failed")
     if pred.path == "stage-failed":

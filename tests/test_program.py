@@ -30,6 +30,15 @@ def script(audit=FAULTY_AUDIT, revised=REVISED, **extra):
     return base
 
 
+@pytest.fixture(autouse=True, params=["chat", "inline"])
+def layout(request, monkeypatch):
+    """Every Algorithm-1 test runs in both layouts."""
+    from cg_dspy.method import program
+
+    monkeypatch.setattr(program, "DEFAULT_LAYOUT", request.param)
+    return request.param
+
+
 def run(program, task, replies, draft=None):
     lm, engine = scripted_lm(replies)
     with using(lm):
@@ -140,14 +149,22 @@ def test_unparseable_checker_keeps_the_audit_plan(proc_task):
     assert [i.tag for i in pred.protect_set] == ["CONFIRMED-CORRECT", "CONFIRMED-DATA"]
 
 
-def test_multi_turn_conversation_reaches_every_stage_as_an_identical_prefix(tasks):
+def test_multi_turn_conversation_reaches_every_stage_as_an_identical_prefix(tasks, layout):
     task = tasks["rs-03"]  # system, user, assistant, user
     pred, engine = run(ContextGuard(), task, script())
     sent = [m.model_dump() for m in task.messages]
-    for call in engine.calls:
-        assert call.messages[:-1] == sent[:-1]
+    draft_prompt = engine.calls[0].messages
+    assert draft_prompt[:-1] == sent[:-1] and draft_prompt[-1]["content"].startswith(sent[-1]["content"] + STAGE_HEADER)
+    for call in engine.calls[1:]:
         assert call.messages[-1]["role"] == "user"
-        assert call.messages[-1]["content"].startswith(sent[-1]["content"] + STAGE_HEADER)
+        if layout == "chat":  # the draft's chat, continued: the whole draft prompt, the draft, the stage
+            assert call.messages[:-2] == draft_prompt
+            assert call.messages[-2] == {"role": "assistant", "content": DRAFT}
+            assert DRAFT not in call.messages[-1]["content"]  # not repeated in the stage's turn
+        else:
+            assert call.messages[:-1] == sent[:-1]
+            assert call.messages[-1]["content"].startswith(sent[-1]["content"] + STAGE_HEADER)
+            assert DRAFT in call.messages[-1]["content"]
 
 
 def test_two_rounds_reaudit_the_revision(proc_task):
@@ -209,7 +226,7 @@ def test_a_draft_without_an_answer_fails_the_task(proc_task):
         run(ContextGuard(), proc_task, script(draft="<think>I will answer after I check the oven and"))
 
 
-def test_saved_program_rebuilds_with_its_configuration(tmp_path):
+def test_saved_program_rebuilds_with_its_configuration(tmp_path, layout):
     from cg_dspy.method.specialists import SpecialistPolicy
     from cg_dspy.saved import load_program
 
@@ -219,7 +236,9 @@ def test_saved_program_rebuilds_with_its_configuration(tmp_path):
     program.save(str(tmp_path / "p.json"))
     loaded = load_program(tmp_path / "p.json")
     assert loaded.config() == {"method": "contextguard", "ablate": ["guard"], "max_rounds": 2,
-                               "min_length_ratio": 0.7, "policy": {"Rule System Application": ["rules", "separate"]}}
+                               "min_length_ratio": 0.7, "policy": {"Rule System Application": ["rules", "separate"]},
+                               "layout": layout}
     assert loaded.revise.signature.instructions == "Fix only the fix set."
     SelfRefine().save(str(tmp_path / "s.json"))
-    assert isinstance(load_program(tmp_path / "s.json"), SelfRefine)
+    refine = load_program(tmp_path / "s.json")
+    assert isinstance(refine, SelfRefine) and refine.layout == layout

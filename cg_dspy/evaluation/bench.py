@@ -46,7 +46,8 @@ def ordered(methods: list[str]) -> list[str]:
 
 
 def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol="rubric", threads=4,
-              progress=True, early_stop=True, force=False, resume_anyway=False, inputs=()) -> BenchResult:
+              progress=True, early_stop=True, force=False, resume_anyway=False, inputs=(),
+              layout="chat") -> BenchResult:
     """Run, judge and report every method into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     answers: dict[str, dict[str, str]] = {}
@@ -54,8 +55,8 @@ def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol=
     result = BenchResult(report={})
     for method in ordered(methods):
         src = draft_source(method)
-        run = harness.run(build_program(method), tasks, out_dir / f"{method}.jsonl", lm=lm, method=method,
-                          threads=threads, drafts=answers.get(src), progress=progress, force=force,
+        run = harness.run(build_program(method, layout=layout), tasks, out_dir / f"{method}.jsonl", lm=lm,
+                          method=method, threads=threads, drafts=answers.get(src), progress=progress, force=force,
                           resume_anyway=resume_anyway, inputs=inputs)
         result.failed += [(f"{method}: {idx}", reason) for idx, reason in run.outcome.failed]
         if run.outcome.interrupted:

@@ -140,6 +140,7 @@ def summarize(outcome: Outcome, store: ResultStore) -> dict:
         "lm_calls": totals["calls"],
         "cached_answers": totals["cached"],
         "prompt_tokens": totals["prompt_tokens"],
+        "cached_prompt_tokens": totals["cached_prompt_tokens"],
         "completion_tokens": totals["completion_tokens"],
         "truncated_replies": totals["truncated"],
         "reasoning_chars": totals["reasoning_chars"],

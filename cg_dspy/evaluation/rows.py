@@ -88,6 +88,7 @@ class StageCost(BaseModel):
     calls: NonNegativeInt = 0
     cached: NonNegativeInt = 0
     prompt_tokens: NonNegativeInt = 0
+    cached_prompt_tokens: NonNegativeInt = 0
     completion_tokens: NonNegativeInt = 0
     truncated: NonNegativeInt = 0
     reasoning_chars: NonNegativeInt = 0

@@ -3,10 +3,12 @@
 DSPy's stock adapters open every prompt with a stage-specific system message, so two
 stages of one task share no prefix, and they wrap every output in JSON. Here:
 
-- The task's own messages come first, byte-identical in every stage, and the stage
-  (its instruction, its other inputs, the output format) is appended to the final
-  user message. Servers with prefix caching (vLLM, OpenAI, llama.cpp) reuse the
-  context across draft, audit, checker and revision.
+- The task's own messages come first, byte-identical in every stage. In the chat
+  layout (the default) every stage after the draft continues the draft's chat: the
+  draft prompt as it was sent, the answer as the assistant's turn, then the stage's
+  own text as a user turn, so a prefix-caching server (vLLM, SGLang, llama.cpp,
+  OpenAI) prefills only that turn. In the inline layout the stage (its instruction,
+  its other inputs, the output format) is appended to the final user message.
 - A stage with one free-text output (the draft, the revision, Self-Refine's steps)
   takes the reply itself as that output: the paper's Prompts 1 and 7 ask for the
   answer, and CL-bench answers are long Markdown, tables, or JSON of their own. No
@@ -37,6 +39,7 @@ from cg_dspy.lms.replies import split_reasoning
 from cg_dspy.method.schemas import Message
 
 CONVERSATION_FIELD = "conversation"
+PREVIOUS_FIELD = "previous_answer"
 STAGE_HEADER = "\n\n=====\n"
 
 
@@ -98,13 +101,7 @@ class ConversationAdapter(dspy.JSONAdapter):
     def format(self, signature, demos, inputs):  # noqa: D102 - documented on the class
         if CONVERSATION_FIELD not in signature.input_fields:
             return super().format(signature, demos, inputs)
-        messages = as_messages(inputs[CONVERSATION_FIELD])
-        if is_plain_generation(signature):
-            return messages  # CL-bench's own request: the task's messages, nothing added
-        stage = self.stage_block(signature, demos, inputs)
-        last = messages[-1]
-        messages[-1] = {"role": last["role"], "content": last["content"] + STAGE_HEADER + stage}
-        return messages
+        return stage_messages(signature, demos, inputs)
 
     def parse(self, signature, completion):  # noqa: D102 - documented on the class
         answer = split_reasoning(completion)[1]
@@ -117,29 +114,52 @@ class ConversationAdapter(dspy.JSONAdapter):
                                     message="the reply holds no answer (empty, or only reasoning)")
         return {name: answer}
 
-    def stage_block(self, signature, demos, inputs) -> str:
-        """The stage's own text: instruction, examples, inputs, output format."""
-        parts = [signature.instructions.strip()]
-        for i, demo in enumerate(d for d in demos if all(k in d for k in signature.output_fields)):
-            parts.append(f"Example {i + 1} (its conversation omitted):\n{self._fields(signature, demo)}\n"
-                         f"{_demo_output(signature, demo)}")
-        fields = self._fields(signature, inputs)
-        if fields:
-            parts.append(fields)
-        if free_text_field(signature) is None:
-            parts.append(_output_format(signature))
-        return "\n\n".join(parts)
 
-    @staticmethod
-    def _fields(signature, values: dict) -> str:
-        shown = []
-        for name in signature.input_fields:
-            if name == CONVERSATION_FIELD or name not in values:
-                continue
-            value = values[name]
-            text = value if isinstance(value, str) else json.dumps(_jsonable(value), ensure_ascii=False)
-            shown.append(f"[{name}]\n{text}")
-        return "\n\n".join(shown)
+
+def stage_messages(signature, demos, inputs) -> list[dict[str, str]]:
+    """The messages a conversation stage sends.
+
+    - The plain generation sends the conversation as it is.
+    - A conversation that ends with the user's request (inline layout): the stage's
+      text is appended to that last message.
+    - A conversation that ends with the assistant's previous answer (chat layout: the
+      draft's chat, continued): the stage's text is a new user turn, and the previous
+      answer is not repeated in it, so a prefix-caching server prefills only that turn.
+    """
+    messages = as_messages(inputs[CONVERSATION_FIELD])
+    if is_plain_generation(signature):
+        return messages  # CL-bench's own request: the task's messages, nothing added
+    last = messages[-1]
+    if last["role"] == "assistant" and last["content"] == inputs.get(PREVIOUS_FIELD):
+        return [*messages, {"role": "user", "content": stage_block(signature, demos, inputs, skip=PREVIOUS_FIELD)}]
+    messages[-1] = {"role": last["role"], "content": last["content"] + STAGE_HEADER
+                    + stage_block(signature, demos, inputs)}
+    return messages
+
+
+def stage_block(signature, demos, inputs, *, skip: str | None = None) -> str:
+    """The stage's own text: instruction, examples, inputs (but `skip`), output format."""
+    parts = [signature.instructions.strip()]
+    for i, demo in enumerate(d for d in demos if all(k in d for k in signature.output_fields)):
+        parts.append(f"Example {i + 1} (its conversation omitted):\n{_fields(signature, demo)}\n"
+                     f"{_demo_output(signature, demo)}")
+    fields = _fields(signature, inputs, skip=skip)
+    if fields:
+        parts.append(fields)
+    if free_text_field(signature) is None:
+        parts.append(_output_format(signature))
+    return "\n\n".join(parts)
+
+
+def _fields(signature, values: dict, *, skip: str | None = None) -> str:
+    shown = []
+    for name in signature.input_fields:
+        if name in (CONVERSATION_FIELD, skip) or name not in values:
+            continue
+        value = values[name]
+        text = value if isinstance(value, str) else json.dumps(_jsonable(value), ensure_ascii=False)
+        shown.append(f"[{name}]\n{text}")
+    return "\n\n".join(shown)
 
 
 def _with_format(lm, lm_kwargs: dict, signature) -> dict:

@@ -111,6 +111,7 @@ class LlamaCppEngine:
             kwargs["response_format"] = {"type": "json_object"}
         llama, lock = _loaded(self.model_path, self.n_ctx, self.n_threads)
         with lock:
+            before = llama._input_ids.tolist()  # what the context holds from the last call
             prompt_tokens = _prompt_tokens(llama, messages)
             if prompt_tokens + 16 > self.n_ctx:
                 raise ValueError(
@@ -119,8 +120,9 @@ class LlamaCppEngine:
                 )
             kwargs["max_tokens"] = min(kwargs["max_tokens"], self.n_ctx - prompt_tokens)
             out = llama.create_chat_completion(messages=messages, **kwargs)
+            usage = out.get("usage") or {}
+            reused = reused_prefix(before, llama.input_ids[: usage.get("prompt_tokens") or 0].tolist())
         choice = out["choices"][0]
-        usage = out.get("usage") or {}
         finish = "length" if choice.get("finish_reason") == "length" else "stop"
         response = Response(
             id=out.get("id"),
@@ -130,7 +132,7 @@ class LlamaCppEngine:
             usage=Usage(input_tokens=usage.get("prompt_tokens"), output_tokens=usage.get("completion_tokens")),
         )
         response, reasoning = without_reasoning(response)
-        report_call(response, reasoning, "json_object" if schema is not None else None)
+        report_call(response, reasoning, "json_object" if schema is not None else None, cached=reused)
         return response
 
     def stream(self, request):
@@ -186,6 +188,18 @@ def bound_schema(schema, max_items: int, max_chars: int, *, nested: bool = False
             if name not in FREE_TEXT_FIELDS and prop.get("type") == "string" and "enum" not in prop:
                 prop["maxLength"] = min(prop.get("maxLength", 3 * max_chars), 3 * max_chars)
     return out
+
+
+def reused_prefix(before: list[int], prompt: list[int]) -> int:
+    """Prompt tokens llama.cpp kept from the last call's context instead of evaluating
+    them: the longest common prefix, less one when it covers the whole prompt (the last
+    token is evaluated again to get fresh logits)."""
+    n = 0
+    for a, b in zip(before, prompt):
+        if a != b:
+            break
+        n += 1
+    return n - 1 if prompt and n == len(prompt) else n
 
 
 def _prompt_tokens(llama, messages) -> int:

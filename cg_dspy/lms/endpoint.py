@@ -67,11 +67,14 @@ def without_reasoning(response: lm15.Response) -> tuple[lm15.Response, str]:
     return replace(response, message=message), reasoning
 
 
-def report_call(response: lm15.Response, reasoning: str, mode: str | None) -> None:
-    """Tell the stage that made this call how the reply ended."""
+def report_call(response: lm15.Response, reasoning: str, mode: str | None, cached: int | None = None) -> None:
+    """Tell the stage that made this call how the reply ended (and how much of its prompt
+    the server had cached: as it reports it, or as the embedded engine counts it)."""
     replies.report(replies.CallFacts(
         finish_reason=response.finish_reason, reasoning_chars=len(reasoning),
-        reasoning_tokens=int(response.usage.reasoning_tokens or 0), structured_output=mode))
+        reasoning_tokens=int(response.usage.reasoning_tokens or 0),
+        cached_prompt_tokens=int(response.usage.cache_read_tokens or 0) if cached is None else cached,
+        structured_output=mode))
 
 
 class EndpointEngine:

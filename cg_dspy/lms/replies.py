@@ -50,6 +50,7 @@ class CallFacts:
     finish_reason: str | None = None
     reasoning_chars: int = 0
     reasoning_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens the server's prefix cache held (not prefilled)
     structured_output: str | None = None  # the mode the endpoint got for a typed call
 
     @property

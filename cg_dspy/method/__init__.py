@@ -9,7 +9,7 @@ from __future__ import annotations
 import dspy
 
 from cg_dspy.method.baselines import Baseline, SelfRefine
-from cg_dspy.method.program import ABLATIONS, ContextGuard
+from cg_dspy.method.program import ABLATIONS, LAYOUTS, ContextGuard
 
 METHODS = ("baseline", "self-refine", "contextguard")
 
@@ -20,19 +20,19 @@ def method_names() -> list[str]:
 
 
 def build_program(method: str, ablate: tuple[str, ...] | list[str] = (), max_rounds: int = 1,
-                  **options) -> dspy.Module:
+                  layout: str = "chat", **options) -> dspy.Module:
     """The module for a method name; `contextguard-no-X` is ContextGuard with X ablated.
     `options` (min_length_ratio, policy) go to ContextGuard."""
     if method == "baseline":
         return Baseline()
     if method == "self-refine":
-        return SelfRefine()
+        return SelfRefine(layout=layout)
     if method == "contextguard":
-        return ContextGuard(ablate=ablate, max_rounds=max_rounds, **options)
+        return ContextGuard(ablate=ablate, max_rounds=max_rounds, layout=layout, **options)
     if method.startswith("contextguard-no-"):
         return ContextGuard(ablate=(*ablate, method.removeprefix("contextguard-no-")), max_rounds=max_rounds,
-                            **options)
+                            layout=layout, **options)
     raise ValueError(f"unknown method {method!r}; choose from {method_names()}")
 
 
-__all__ = ["ABLATIONS", "METHODS", "Baseline", "ContextGuard", "SelfRefine", "build_program", "method_names"]
+__all__ = ["ABLATIONS", "LAYOUTS", "METHODS", "Baseline", "ContextGuard", "SelfRefine", "build_program", "method_names"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dspy
 
-from cg_dspy.method.program import SavesConfig, as_conversation
+from cg_dspy.method.program import SavesConfig, as_conversation, check_layout, continued
 from cg_dspy.method.signatures import Generate, SelfFeedback, SelfRefineRevision
 from cg_dspy.method.stages import StageFailure, Stages
 
@@ -36,25 +36,28 @@ class Baseline(SavesConfig, dspy.Module):
 class SelfRefine(SavesConfig, dspy.Module):
     """One round of self-feedback, then an unconstrained revision of the whole answer."""
 
-    def __init__(self):
+    def __init__(self, *, layout: str | None = None):
         super().__init__()
+        self.layout = check_layout(layout)
         self.generate = dspy.Predict(Generate)
         self.feedback = dspy.Predict(SelfFeedback)
         self.refine = dspy.Predict(SelfRefineRevision)
 
     def config(self) -> dict:
-        return {"method": "self-refine"}
+        return {"method": "self-refine", "layout": self.layout}
 
     def forward(self, conversation, category: str | None = None, draft: str | None = None) -> dspy.Prediction:
         conversation = as_conversation(conversation)
         stages = Stages()
         if draft is None:
             draft = stages.run("draft", self.generate, conversation=conversation).answer
+        # Both steps continue the plain generation's chat (the baseline's, when paired).
+        context = continued(conversation, draft) if self.layout == "chat" else conversation
         answer, feedback, path = draft, None, "revised"
         try:
-            feedback = stages.run("feedback", self.feedback, conversation=conversation, previous_answer=draft).feedback
+            feedback = stages.run("feedback", self.feedback, conversation=context, previous_answer=draft).feedback
             answer = stages.run(
-                "refine", self.refine, conversation=conversation, previous_answer=draft, feedback=feedback
+                "refine", self.refine, conversation=context, previous_answer=draft, feedback=feedback
             ).revised_answer
         except StageFailure:
             answer, path = draft, "stage-failed"

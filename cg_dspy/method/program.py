@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import dspy
 
+from cg_dspy.lms.adapter import stage_messages
 from cg_dspy.method import specialists
 from cg_dspy.method.guard import MIN_LENGTH_RATIO, revision_guard
 from cg_dspy.method.plan import build_plan, render_items
@@ -27,6 +28,12 @@ from cg_dspy.method.specialists import SPECIALISTS, SpecialistPolicy
 from cg_dspy.method.stages import StageFailure, Stages
 
 ABLATIONS = ("reminder", "audit", "protection", "specialists", "guard")
+# chat: every stage after the draft continues the draft's chat (the answer as the
+# assistant's turn, the stage as the next user turn), so a prefix-caching server
+# prefills only the stage's own text; inline: the stage and the previous answer are
+# appended to the task's final user message.
+LAYOUTS = ("chat", "inline")
+DEFAULT_LAYOUT = "chat"
 MAX_ROUNDS = 5  # the paper uses 1; more rounds compound revision errors and cost
 REMINDER_REQUEST_CHARS = 1500
 
@@ -46,6 +53,25 @@ def reminder_request(request: str) -> str:
 def as_conversation(conversation) -> list[Message]:
     """Accept Messages or OpenAI-format dicts; the stages always see Messages."""
     return [m if isinstance(m, Message) else Message.model_validate(m) for m in conversation]
+
+
+def check_layout(layout: str | None) -> str:
+    """A layout name (None: the default)."""
+    layout = DEFAULT_LAYOUT if layout is None else layout
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: choose from {LAYOUTS}")
+    return layout
+
+
+def continued(chat: list[Message], answer: str) -> list[Message]:
+    """The draft's chat with `answer` as the assistant's turn: what a later stage continues."""
+    return [*chat, Message(role="assistant", content=answer)]
+
+
+def sent(predictor, conversation: list[Message], **inputs) -> list[Message]:
+    """The messages a conversation stage sent (the chat its successors continue)."""
+    signature = predictor.signature
+    return as_conversation(stage_messages(signature, predictor.demos, {"conversation": conversation, **inputs}))
 
 
 @dataclass
@@ -100,6 +126,7 @@ class ContextGuard(SavesConfig, dspy.Module):
         max_rounds: int = 1,
         policy: dict[str, SpecialistPolicy] | None = None,
         min_length_ratio: float = MIN_LENGTH_RATIO,
+        layout: str | None = None,
     ):
         super().__init__()
         unknown = set(ablate) - set(ABLATIONS)
@@ -111,6 +138,7 @@ class ContextGuard(SavesConfig, dspy.Module):
         self.max_rounds = max_rounds
         self.policy = policy
         self.min_length_ratio = min_length_ratio
+        self.layout = check_layout(layout)
         self.generate = dspy.Predict(Generate)
         self.draft = dspy.Predict(ReminderDraft)
         self.audit = dspy.Predict(StructuredAudit)
@@ -126,7 +154,7 @@ class ContextGuard(SavesConfig, dspy.Module):
         """What rebuilds this program before its saved state is loaded."""
         policy = {c: [p.kind, p.mode] for c, p in self.policy.items()} if self.policy else None
         return {"method": "contextguard", "ablate": list(self.ablate), "max_rounds": self.max_rounds,
-                "min_length_ratio": self.min_length_ratio, "policy": policy}
+                "min_length_ratio": self.min_length_ratio, "policy": policy, "layout": self.layout}
 
     # Optimizers tune what named_parameters() lists; `frozen` hides stages from them.
     frozen: frozenset[str] = frozenset()
@@ -138,11 +166,13 @@ class ContextGuard(SavesConfig, dspy.Module):
         """Run Algorithm 1. Pass `draft` to revise an existing draft (paired comparisons)."""
         conversation, stages = as_conversation(conversation), Stages()
         draft = self._draft(stages, conversation) if draft is None else draft
+        chat = self._draft_chat(conversation)
         policy = specialists.resolve(category, self.policy, audit_enabled=self.uses("audit"))
         policy = policy if self.uses("specialists") else None
         answer, rounds = draft, []
         for _ in range(self.max_rounds):
-            rounds.append(self._round(stages, conversation, answer, policy))
+            context = continued(chat, answer) if self.layout == "chat" else conversation
+            rounds.append(self._round(stages, context, answer, policy))
             if not rounds[-1].accepted:
                 break
             answer = rounds[-1].revision
@@ -159,6 +189,13 @@ class ContextGuard(SavesConfig, dspy.Module):
             return stages.run("draft", self.generate, conversation=conversation).answer
         return stages.run("draft", self.draft, conversation=conversation,
                           request=reminder_request(conversation[-1].content)).answer
+
+    def _draft_chat(self, conversation) -> list[Message]:
+        """The draft prompt as it was sent (also for a given draft: this program's own
+        draft stage made it, or the baseline's plain generation when the reminder is off)."""
+        if not self.uses("reminder"):
+            return conversation
+        return sent(self.draft, conversation, request=reminder_request(conversation[-1].content))
 
     def _round(self, stages: Stages, conversation, answer: str, policy: SpecialistPolicy | None) -> Round:
         """Audit, specialist signal, F and P, protected revision, guard: one round."""

@@ -27,9 +27,10 @@ Role = Literal["system", "user", "assistant"]
 IssueType = Literal["numeric", "comparison", "coverage", "unit", "trend", "evidence"]
 
 # What a stage's cost entry counts: LM calls, answers DSPy's cache served, tokens the
-# server reported, replies cut at max_tokens, and the reasoning that came with them.
-COST_KEYS = ("calls", "cached", "prompt_tokens", "completion_tokens", "truncated", "reasoning_chars",
-             "reasoning_tokens")
+# server reported (and the prompt tokens its prefix cache already held, so it did not
+# prefill them), replies cut at max_tokens, and the reasoning that came with them.
+COST_KEYS = ("calls", "cached", "prompt_tokens", "cached_prompt_tokens", "completion_tokens", "truncated",
+             "reasoning_chars", "reasoning_tokens")
 
 # Hard bounds on what any LM's audit or checker output can hold, so a model that loops
 # hits a limit; the schema each LM is asked for is tighter (LMSettings.item_limits).

@@ -71,6 +71,7 @@ class Stages:
             entry["truncated"] += fact.truncated
             entry["reasoning_chars"] += fact.reasoning_chars
             entry["reasoning_tokens"] += fact.reasoning_tokens
+            entry["cached_prompt_tokens"] += fact.cached_prompt_tokens
             if fact.structured_output:
                 self.structured_output[name] = fact.structured_output
 

@@ -218,6 +218,7 @@ def cost_summary(rows) -> dict | None:
         "lm_calls_per_task": round(totals["calls"] / n, 3),
         "cached_answers_per_task": round(totals["cached"] / n, 3),
         "prompt_tokens_per_task": round(totals["prompt_tokens"] / n, 1),
+        "prefilled_tokens_per_task": round((totals["prompt_tokens"] - totals["cached_prompt_tokens"]) / n, 1),
         "completion_tokens_per_task": round(totals["completion_tokens"] / n, 1),
         "truncated_replies_per_task": round(totals["truncated"] / n, 3),
         "seconds_per_task": round(sum(seconds) / len(seconds), 3) if seconds else None,

@@ -61,7 +61,8 @@ def to_markdown(result: dict) -> str:
         out.append("\n" + _table(["measure", "value"], [[k, c[k]] for k in keys]))
     if result.get("cost"):
         keys = ["lm_calls_per_task", "cached_answers_per_task", "prompt_tokens_per_task",
-                "completion_tokens_per_task", "seconds_per_task"]
+                "prefilled_tokens_per_task", "completion_tokens_per_task", "truncated_replies_per_task",
+                "seconds_per_task"]
         out.append("\n### Generation cost per task\n")
         out.append(_table(["run", *keys], [[n, *(c[k] for k in keys)] for n, c in result["cost"].items()]))
     for name, s in (result.get("judge_stability") or {}).items():

@@ -77,6 +77,45 @@ def completion(model: str | None, content: str, usage: dict | None, *, finish_re
     return body
 
 
+def serialized(messages: list[dict]) -> str:
+    """A chat template: the text a server prefills for `messages`, ending where the
+    assistant's reply begins."""
+    return "".join(f"<|{m.get('role')}|>\n{m.get('content') or ''}<|end|>\n" for m in messages) + "<|assistant|>\n"
+
+
+def common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix (binary search on C-level slice compares)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class PrefixCache:
+    """Accounting like vLLM's automatic prefix caching: a request pays prefill only for
+    what follows its longest common prefix with an earlier prompt or generation (a
+    reply is cached as the continuation of its prompt). In characters of `serialized`."""
+
+    def __init__(self) -> None:
+        self.sequences: list[str] = []
+        self.requests: list[dict] = []
+
+    def prefill(self, prompt: str) -> int:
+        """Characters of `prompt` already cached."""
+        return max((common_prefix(prompt, seq) for seq in self.sequences), default=0)
+
+    def record(self, prompt: str, reply: str) -> dict:
+        cached = self.prefill(prompt)
+        self.sequences.append(prompt + reply + "<|end|>\n")
+        entry = {"prompt_chars": len(prompt), "uncached_chars": len(prompt) - cached, "completion_chars": len(reply)}
+        self.requests.append(entry)
+        return entry
+
+
 def token_limit(body: dict, profile: str) -> int | None:
     """The reply's token limit as the profile's server reads it."""
     names = ("max_tokens",) if profile == "llama-cpp" else ("max_tokens", "max_completion_tokens")
@@ -96,7 +135,7 @@ class ChatServer:
 
     def __init__(self, reply: Callable[[list[dict]], str] = default_reply, latency: float = 0.0,
                  model_context: int = 32_768, report_usage: bool = True, profile: str = "vllm",
-                 reasoning: str | None = None):
+                 reasoning: str | None = None, prefix_cache: bool = False):
         if profile not in PROFILES or reasoning not in (None, "inline", "template", "field", "reasoning"):
             raise ValueError(f"profile {profile!r} / reasoning {reasoning!r}")
         self.reply = reply
@@ -108,6 +147,7 @@ class ChatServer:
         # closing tag (the chat template opened it); "field": thoughts in reasoning_content
         # (a reasoning parser on); "reasoning": in `reasoning` (newer vLLM's name for it).
         self.reasoning = reasoning
+        self.cache = PrefixCache() if prefix_cache else None  # reports cached prompt tokens when on
         self.faults: list[Fault] = []
         self.requests: list[dict] = []
         self.arrivals: list[float] = []
@@ -142,7 +182,7 @@ class ChatServer:
                     return fault
         return None
 
-    def answer(self, body: dict, prompt: str, content: str) -> dict:
+    def answer(self, body: dict, content: str) -> dict:
         """The completion body for `content`, with thoughts as the reasoning mode says,
         cut at the token limit the profile reads."""
         thoughts = THOUGHTS.split() if self.reasoning else []
@@ -156,8 +196,15 @@ class ChatServer:
             text = "<think>" + " ".join(thought) + ("</think>\n\n" + text if len(thought) == len(thoughts) else "")
         elif self.reasoning == "template":
             text = " ".join(thought) + ("</think>\n\n" + text if len(thought) == len(thoughts) else "")
-        usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(words),
-                 "total_tokens": len(prompt.split()) + len(words)}
+        template = serialized(body.get("messages") or [])
+        prompt_tokens = len(template.split())  # one word, one token
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
+                 "total_tokens": prompt_tokens + len(words)}
+        if self.cache is not None:
+            with self._lock:
+                cached = self.cache.prefill(template)
+                self.cache.record(template, text)
+            usage["prompt_tokens_details"] = {"cached_tokens": len(template[:cached].split())}
         return completion(body.get("model", "test-model"), text, usage if self.report_usage else None,
                           finish_reason="length" if truncated else "stop", reasoning=reasoning,
                           reasoning_key="reasoning" if self.reasoning == "reasoning" else "reasoning_content")
@@ -217,7 +264,7 @@ class ChatServer:
                         "type": "internal_server_error", "param": None, "code": None}})
                 if content is None:
                     content = server.reply(messages)
-                self._json(200, server.answer(body, prompt, content))
+                self._json(200, server.answer(body, content))
 
             def _json(self, status: int, payload: dict, headers: dict | None = None):
                 data = json.dumps(payload).encode()
