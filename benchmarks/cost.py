@@ -19,7 +19,6 @@ from _common import ROOT, finish
 
 from cg_dspy.evaluation import harness
 from cg_dspy.evaluation.data import load_tasks
-from cg_dspy.evaluation.store import ResultStore
 from cg_dspy.lms import LMSettings, build_lm
 from cg_dspy.method import build_program, method_names
 from cg_dspy.reports.analysis import cost_totals
@@ -43,10 +42,8 @@ def main() -> dict:
     with ChatServer(reply=reply) as server, tempfile.TemporaryDirectory() as tmp:
         lm = build_lm(LMSettings(model="openai/bench-model", api_base=server.base_url, cache=False))
         for method in method_names():
-            with ResultStore(Path(tmp) / f"{method}.jsonl") as store:
-                harness.run(build_program(method), tasks, store, lm=lm, method=method, threads=8,
-                            progress=False)
-                out = list(store.rows.values())
+            out = harness.run(build_program(method), tasks, Path(tmp) / f"{method}.jsonl", lm=lm, method=method,
+                              threads=8, progress=False).rows
             totals = [cost_totals(r["trace"]["cost"].values()) for r in out]
             calls = [t["calls"] for t in totals]
             tokens = [t["prompt_tokens"] + t["completion_tokens"] for t in totals]

@@ -19,7 +19,6 @@ from _common import Timer, finish, median, remote_lm, server_process
 
 from cg_dspy.evaluation import harness
 from cg_dspy.evaluation.data import Task, token_length
-from cg_dspy.evaluation.store import ResultStore
 from cg_dspy.method import build_program
 from cg_dspy.reports.analysis import cost_totals
 
@@ -39,9 +38,9 @@ def task_of(tokens: int, i: int) -> Task:
 
 def per_call_run(lm, program, task: Task, path: Path) -> float:
     """Seconds per LM call of one task through `run`: stages, parsing, guard, storing."""
-    with ResultStore(path) as store, Timer() as t:
-        harness.run(program, [task], store, lm=lm, method="contextguard", threads=1, progress=False)
-        calls = cost_totals(c for r in store.rows.values() for c in r["trace"]["cost"].values())["calls"]
+    with Timer() as t:
+        rows = harness.run(program, [task], path, lm=lm, method="contextguard", threads=1, progress=False).rows
+        calls = cost_totals(c for r in rows for c in r["trace"]["cost"].values())["calls"]
     return t.seconds / calls
 
 

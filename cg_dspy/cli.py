@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from cg_dspy.evaluation import data, harness, judge
@@ -158,6 +159,31 @@ def _read(path: str, model, what: str):
     return rows, errors
 
 
+@contextmanager
+def _tracked(args, name: str, kind: str, params: dict):
+    """An MLflow run of `kind` (unless --no-track)."""
+    if args.no_track:
+        yield None
+        return
+    from cg_dspy import tracking
+
+    tracking.setup(args.tracking_uri, args.experiment)
+    with tracking.run(name, kind=kind, params=params) as active:
+        yield active
+
+
+@contextmanager
+def _traced(args, active):
+    """Every task in this block traced, inside the run (unless --no-track / --no-trace)."""
+    if active is None or args.no_trace:
+        yield
+        return
+    from cg_dspy import tracking
+
+    with tracking.tracing():
+        yield
+
+
 def cmd_run(args) -> int:
     tasks, errors = _load(args.tasks, args.strict, args.shard)
     if args.program:
@@ -171,10 +197,20 @@ def cmd_run(args) -> int:
     else:
         program = build_program(args.method, args.ablate, args.max_rounds, layout=args.layout)
         method = args.method
-    lm = build_lm(_lm_settings(args))
-    result = harness.run(program, tasks, args.out, lm=lm, method=method, threads=args.threads,
-                         progress=not args.quiet, force=args.force, resume_anyway=args.resume_anyway,
-                         inputs=(_file_input(args.tasks), args.program))
+    settings = _lm_settings(args)
+    lm = build_lm(settings)
+    params = {"tasks": args.tasks, "out": args.out, "method": method, "program": program.config(),
+              "saved_program": args.program or "", "task_count": len(tasks), "task_lm": settings.describe(),
+              "threads": args.threads}
+    with _tracked(args, f"run-{Path(args.out).stem}", "run", params) as active:
+        with _traced(args, active):
+            result = harness.run(program, tasks, args.out, lm=lm, method=method, threads=args.threads,
+                                 progress=not args.quiet, force=args.force, resume_anyway=args.resume_anyway,
+                                 inputs=(_file_input(args.tasks), args.program))
+        if active:
+            from cg_dspy import tracking
+
+            tracking.log_run_summary(result.summary)
     print(json.dumps(result.summary, indent=1))
     _report_differences(result.differences, args.out)
     _report_failures(result.outcome.failed, "task")
@@ -185,32 +221,30 @@ def cmd_run(args) -> int:
 
 def cmd_eval(args) -> int:
     rows, errors = _read(args.results, ResultRow, "result")
-    judge_lm = build_lm(_lm_settings(args, "judge-"), default_temperature=JUDGE_TEMPERATURE)
-    graded = judge.grade_file(rows, args.out, judge_lm=judge_lm, protocol=args.protocol, votes=args.votes,
-                              early_stop=not args.no_early_stop, threads=args.threads, progress=not args.quiet,
-                              force=args.force, resume_anyway=args.resume_anyway, inputs=(args.results,))
+    settings = _lm_settings(args, "judge-")
+    judge_lm = build_lm(settings, default_temperature=JUDGE_TEMPERATURE)
+    params = {"results": args.results, "out": args.out, "protocol": args.protocol, "votes": args.votes,
+              "early_stop": not args.no_early_stop, "judge_lm": settings.describe()}
     name = Path(args.out).name
-    result = analysis.report({name: graded.rows})  # tokenizes every conversation once
+    with _tracked(args, f"eval-{Path(args.results).stem}", "eval", params) as active:
+        with _traced(args, active):
+            graded = judge.grade_file(rows, args.out, judge_lm=judge_lm, protocol=args.protocol, votes=args.votes,
+                                      early_stop=not args.no_early_stop, threads=args.threads,
+                                      progress=not args.quiet, force=args.force, resume_anyway=args.resume_anyway,
+                                      inputs=(args.results,))
+        result = analysis.report({name: graded.rows})  # tokenizes every conversation once
+        if active:
+            from cg_dspy import tracking
+
+            tracking.log_report(result, per_run=False)
+            tracking.log_text(markdown.to_markdown(result), "report.md")
     summary = result["runs"][name]
-    if not args.no_track:
-        _track_eval(args, result)
     print(json.dumps({k: summary[k] for k in ("tasks", "solved", "task_solving_rate", "near_miss")}, indent=1))
     _report_differences(graded.differences, args.out)
     _report_failures(graded.outcome.failed, "to grade")
     if graded.outcome.interrupted:
         _interrupted(args.out)
     return _status(graded.outcome, errors)
-
-
-def _track_eval(args, result: dict) -> None:
-    from cg_dspy import tracking
-
-    tracking.setup(args.tracking_uri, args.experiment)
-    params = {"results": args.results, "protocol": args.protocol, "votes": args.votes,
-              "early_stop": not args.no_early_stop, "judge_lm": _lm_settings(args, "judge-").describe()}
-    with tracking.run(f"eval-{Path(args.results).stem}", kind="eval", params=params):
-        tracking.log_report(result, per_run=False)
-        tracking.log_text(markdown.to_markdown(result), "report.md")
 
 
 def cmd_report(args) -> int:
@@ -247,20 +281,17 @@ def cmd_bench(args) -> int:
             early_stop=not args.no_early_stop, force=args.force, resume_anyway=args.resume_anyway,
             inputs=(_file_input(args.tasks),), layout=args.layout)
 
-    if args.no_track:
-        result = go()
-    else:
-        from cg_dspy import tracking
-
-        tracking.setup(args.tracking_uri, args.experiment)
-        params = {"tasks": args.tasks, "task_count": len(tasks), "methods": methods, "protocol": args.protocol,
-                  "votes": args.votes, "task_lm": _lm_settings(args).describe(),
-                  "judge_lm": _lm_settings(args, "judge-").describe()}
-        with tracking.run(f"bench-{out_dir.name}", kind="bench", params=params):
+    params = {"tasks": args.tasks, "task_count": len(tasks), "methods": methods, "protocol": args.protocol,
+              "votes": args.votes, "layout": args.layout, "task_lm": _lm_settings(args).describe(),
+              "judge_lm": _lm_settings(args, "judge-").describe()}
+    with _tracked(args, f"bench-{out_dir.name}", "bench", params) as active:
+        with _traced(args, active):
             result = go()
-            if result.report:
-                tracking.log_report(result.report, per_run=True)
-                tracking.log_artifacts(out_dir, "bench")
+        if active and result.report:
+            from cg_dspy import tracking
+
+            tracking.log_report(result.report, per_run=True)
+            tracking.log_artifacts(out_dir, "bench")
     if result.report:
         print(markdown.to_markdown(result.report))
     _report_failures(result.failed, "task")
@@ -288,7 +319,7 @@ def cmd_optimize(args) -> int:
         judge_lm=build_lm(judge_settings, default_temperature=JUDGE_TEMPERATURE),
         reflection_lm=reflection, method=args.method, ablate=tuple(args.ablate), tunable=tuple(args.tunable),
         layout=args.layout,
-        threads=args.threads, out=args.out, track=not args.no_track,
+        threads=args.threads, out=args.out, track=not args.no_track, trace=not args.no_trace, alias=args.alias,
         params={"task_lm": task_settings.describe(), "judge_lm": judge_settings.describe(),
                 "train": args.train, "dev": args.dev},
     )
@@ -301,7 +332,7 @@ def cmd_compare(args) -> int:
     from cg_dspy import tracking
 
     tracking.setup(args.tracking_uri, args.experiment, create=False)
-    result = tracking.compare(args.experiment, args.runs)
+    result = tracking.compare(args.experiment, stages=args.stage, a=args.a, b=args.b)
     if args.format == "json":
         print(json.dumps(result, indent=1))
         return EXIT_OK
@@ -402,11 +433,15 @@ def parser() -> argparse.ArgumentParser:
     layout(b)
     b.set_defaults(fn=cmd_bench)
 
-    def tracked(sp):
+    def tracked(sp, tracking_uri=True):
         sp.add_argument("--experiment", default="contextguard", help="MLflow experiment (default contextguard)")
-        sp.add_argument("--tracking-uri", help="MLflow store (env MLFLOW_TRACKING_URI; default sqlite:///mlflow.db)")
+        if tracking_uri:
+            sp.add_argument("--tracking-uri",
+                            help="MLflow store (env MLFLOW_TRACKING_URI; default sqlite:///mlflow.db)")
         sp.add_argument("--no-track", action="store_true", help="do not log an MLflow run")
+        sp.add_argument("--no-trace", action="store_true", help="log the run but no trace per task")
 
+    tracked(r, tracking_uri=False)
     tracked(e)
     tracked(b)
 
@@ -423,14 +458,17 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--reflection-model", help="LM that proposes instructions (GEPA, MIPROv2); default: task LM")
     o.add_argument("--reflection-api-base")
     o.add_argument("--strict", action="store_true")
+    o.add_argument("--alias", help="set this alias (e.g. best) on the run's tuned prompt versions")
     common(o, judge_flags=True)
     tracked(o)
     layout(o)
     o.set_defaults(fn=cmd_optimize)
 
-    c = sub.add_parser("compare", help="runs of an MLflow experiment side by side, with instruction diffs")
+    c = sub.add_parser("compare", help="prompt versions from the Prompt Registry side by side, and the runs")
     c.add_argument("--experiment", default="contextguard")
-    c.add_argument("--runs", nargs="*", help="run ids (or their first 8 characters); default: all")
+    c.add_argument("--stage", nargs="*", help="stages to show (default: every stage with a tuned version)")
+    c.add_argument("--a", type=positive_int, help="version to diff from (default: the base version)")
+    c.add_argument("--b", type=positive_int, help="version to diff to (default: the best by dev task-solving rate)")
     c.add_argument("--tracking-uri")
     c.add_argument("--format", choices=("markdown", "json"), default="markdown")
     c.set_defaults(fn=cmd_compare)

@@ -100,22 +100,21 @@ def _signature_state(value: object, predictor, where: str) -> dict:
     fields = list(predictor.signature.fields)
     if not isinstance(value, dict) or set(value) - {"instructions", "fields"}:
         raise ProgramRefused(f"{where}.signature: must be {{'instructions', 'fields'}}")
-    saved = value.get("fields", [])
+    current = predictor.signature.dump_state()["fields"]
+    saved = value.get("fields", current)  # registered prompts carry the instruction alone
     if where.endswith(": audit") and isinstance(saved, list) and len(saved) == len(fields) + 1:
         # Saved before the integrated criteria moved from an input into the audit
         # predictors' instructions (audit_rules, audit_empirical): drop that input.
-        value = {**value, "fields": saved[:2] + saved[3:]}
+        saved = saved[:2] + saved[3:]
     instructions = value.get("instructions", predictor.signature.instructions)
     if not isinstance(instructions, str) or len(instructions) > MAX_INSTRUCTION_CHARS:
         raise ProgramRefused(f"{where}.signature.instructions: must be text of at most {MAX_INSTRUCTION_CHARS} "
                              "characters")
-    saved = value.get("fields", [])
     if not isinstance(saved, list) or len(saved) != len(fields) or not all(
             isinstance(f, dict) and set(f) <= {"prefix", "description"}
             and all(isinstance(v, str) and len(v) <= 2000 for v in f.values()) for f in saved):
         raise ProgramRefused(f"{where}.signature.fields: must list {len(fields)} fields ({', '.join(fields)}), each "
                              "{'prefix', 'description'} as short text")
-    current = predictor.signature.dump_state()["fields"]
     return {"instructions": instructions, "fields": [{**c, **f} for c, f in zip(current, saved)]}
 
 

@@ -23,6 +23,11 @@ from cg_dspy.method import build_program
 from cg_dspy.method.specialists import integrated_audits
 from cg_dspy.optimize.recipes import RECIPES, compile_with
 
+# What the logged model's signature is read from: a made-up task, no benchmark data.
+INPUT_EXAMPLE = {"conversation": [{"role": "system", "content": "Answer in exactly one bullet point."},
+                                  {"role": "user", "content": "Name the planet closest to the sun."}],
+                 "category": "Domain Knowledge Reasoning"}
+
 # The audit (generic, and each integrated specialist's own, as the default policy runs
 # them) and the revision: the prompts the paper's method turns on.
 DEFAULT_TUNABLE = ("audit", *integrated_audits(), "revise")
@@ -74,6 +79,8 @@ def optimize(
     threads: int = 4,
     out: str | Path | None = None,
     track: bool = True,
+    trace: bool = True,
+    alias: str | None = None,
     params: dict | None = None,
 ) -> OptimizeResult:
     """Compile `method` with `optimizer` on `train`, score `dev` before and after."""
@@ -94,8 +101,8 @@ def optimize(
         train_size=len(trainset),
     )
     logged = {"optimizer": optimizer, "budget": budget, "optimizer_settings": settings, "method": method,
-              "ablate": list(ablate), "tunable": list(tunable), "train_size": len(trainset),
-              "dev_size": len(devset), **(params or {})}
+              "ablate": list(ablate), "tunable": list(tunable), "program": program.config(),
+              "train_size": len(trainset), "dev_size": len(devset), **(params or {})}
 
     def work(run_id=None) -> OptimizeResult:
         before = evaluate(program, devset, metric, lm=task_lm, threads=threads)
@@ -115,9 +122,21 @@ def optimize(
     if not track:
         return work()
     with tracking.run(f"optimize-{optimizer}-{budget}", kind="optimize", params=logged) as active, \
-            tracking.autolog():
+            tracking.autolog(), tracking.tracing(trace, inline=True):
+        for split, tasks in (("train", train), ("dev", dev)):
+            tracking.log_split(split, tasks, source=str((params or {}).get(split) or split))
         result = work(active.info.run_id)
         for label, scores in (("dev_before", result.dev_before), ("dev", result.dev_after)):
             tracking.log_summary(scores, prefix=f"{label}.")
-        tracking.log_program(result.program)
+        before, after = result.dev_before, result.dev_after
+        message = (f"{optimizer} ({budget}): dev task-solving rate {before['task_solving_rate']} -> "
+                   f"{after['task_solving_rate']}, rubric pass rate {before['rubric_pass_rate']} -> "
+                   f"{after['rubric_pass_rate']}")
+        tags = {"optimizer": optimizer, "budget": budget, "dev_before_tsr": before["task_solving_rate"],
+                "dev_tsr": after["task_solving_rate"], "dev_before_rubric_pass": before["rubric_pass_rate"],
+                "dev_rubric_pass": after["rubric_pass_rate"]}
+        versions = tracking.register_prompts(result.program, build_program(method, ablate, layout=layout),
+                                             tuned=tuple(tunable), run_id=active.info.run_id, message=message,
+                                             tags=tags, alias=alias)
+        tracking.log_program(result.program, prompts=versions, example=INPUT_EXAMPLE)
     return result

@@ -13,8 +13,9 @@ from cg_dspy.evaluation.store import read_rows
 from cg_dspy.testing.server import ChatServer
 
 
-def remote(server):
-    return ["--model", "openai/test-model", "--api-base", server.base_url, "--no-cache", "--quiet"]
+def remote(server, track=False):
+    return ["--model", "openai/test-model", "--api-base", server.base_url, "--no-cache", "--quiet",
+            *([] if track else ["--no-track"])]
 
 
 def judge_remote(server):
@@ -138,7 +139,7 @@ def test_bench_pairs_methods_on_the_same_drafts_and_tracks_one_run(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with ChatServer() as server:
         r = cli("bench", str(DATA / "demo.jsonl"), "--methods", "self-refine,contextguard,contextguard-no-reminder",
-                "--out-dir", str(out_dir), *remote(server), *judge_remote(server), "--tracking-uri", uri,
+                "--out-dir", str(out_dir), *remote(server, track=True), *judge_remote(server), "--tracking-uri", uri,
                 "--experiment", "bench-test")
         assert r.returncode == 0, r.stderr
     names = {p.name for p in out_dir.iterdir()}

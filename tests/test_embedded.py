@@ -40,7 +40,7 @@ def test_embedded_model_runs_contextguard_for_real():
     assert pred.cost["audit"]["calls"] == 1  # empirical: the specialist is inside the audit
     # llama.cpp kept the draft's chat in its context: the audit evaluated only its own turn
     assert 0 < pred.cost["audit"]["cached_prompt_tokens"] < pred.cost["audit"]["prompt_tokens"]
-    assert "empirical" not in pred.cost
+    assert "empirical_check" not in pred.cost
     assert pred.path in ("early-return", "revised", "rolled-back", "stage-failed")
     if pred.path == "stage-failed":
         assert pred.failures

@@ -19,7 +19,8 @@ DEMO = str(DATA / "demo.jsonl")
 
 
 def remote(server, *extra):
-    return ["--model", "openai/test-model", "--api-base", server.base_url, "--no-cache", "--quiet", *extra]
+    return ["--model", "openai/test-model", "--api-base", server.base_url, "--no-cache", "--quiet", "--no-track",
+            *extra]
 
 
 def judge_flags(server):

@@ -22,7 +22,8 @@ IDS = ["demo-dk-1", "demo-ed-1", "demo-pt-1", "demo-rs-1"]
 
 def run_demo(server, out, *extra):
     return cli("run", str(DATA / "demo.jsonl"), "--out", str(out), "--model", "openai/test-model",
-               "--api-base", server.base_url, "--quiet", "--no-cache", "--retries", "2", "--timeout", "2", *extra)
+               "--api-base", server.base_url, "--quiet", "--no-cache", "--retries", "2", "--timeout", "2", "--no-track",
+               *extra)
 
 
 def by_id(path):

@@ -42,7 +42,8 @@ def test_chat_layout_prefills_less_than_inline_and_reports_the_cached_tokens(tmp
         out = tmp_path / f"{layout}.jsonl"
         with ChatServer(reply=finds_something, prefix_cache=True) as server:
             r = cli("run", str(DATA / "demo.jsonl"), "--out", str(out), "--method", method, "--layout", layout,
-                    "--model", "openai/test-model", "--api-base", server.base_url, "--no-cache", "--quiet")
+                    "--model", "openai/test-model", "--api-base", server.base_url, "--no-cache", "--quiet",
+                    "--no-track")
             assert r.returncode == 0, r.stderr
             uncached[layout] = sum(e["uncached_chars"] for e in server.cache.requests)
             bodies = list(server.requests)
@@ -65,7 +66,7 @@ def test_chat_layout_prefills_less_than_inline_and_reports_the_cached_tokens(tmp
 def test_a_rerun_in_the_other_layout_is_a_different_run(tmp_path):
     out = tmp_path / "o.jsonl"
     with ChatServer() as server:
-        flags = ["--model", "openai/test-model", "--api-base", server.base_url, "--no-cache", "--quiet"]
+        flags = ["--model", "openai/test-model", "--api-base", server.base_url, "--no-cache", "--quiet", "--no-track"]
         assert cli("run", str(DATA / "demo.jsonl"), "--out", str(out), *flags).returncode == 0
         r = cli("run", str(DATA / "demo.jsonl"), "--out", str(out), "--layout", "inline", *flags)
     assert r.returncode == 2 and 'config.layout: "chat" -> "inline"' in r.stderr

@@ -83,7 +83,7 @@ def test_bootstrap_compile_logs_run_and_program_loads_from_file_and_mlflow(store
     files = {a.path for a in mlflow.artifacts.list_artifacts(run_id=result.run_id)}
     assert {"program.json", "prompts"} <= files  # the MLflow model is a LoggedModel, loaded below
     prompt_files = {a.path for a in mlflow.artifacts.list_artifacts(run_id=result.run_id, artifact_path="prompts")}
-    assert "prompts/audit.md" in prompt_files and "prompts/revise.md" in prompt_files
+    assert {"prompts/audit.demos.json", "prompts/revise.demos.json"} <= prompt_files  # beside the registry
 
     task = splits[1][0]
     for loaded in (load_program(out), load_program(f"runs:/{result.run_id}")):
@@ -113,7 +113,7 @@ def test_gepa_finds_the_better_audit_instruction_and_compare_shows_the_diff(stor
     base = optimize.optimize(optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm,
                              budget="light", threads=2)
     result = optimize.optimize(optimizer="gepa", train=train, dev=dev, task_lm=lm, judge_lm=lm,
-                               reflection_lm=lm, budget="light", threads=2)
+                               reflection_lm=lm, budget="light", threads=2, alias="best")
     assert result.program.audit.signature.instructions == RULE  # the proposal itself, not its JSON envelope
     assert result.dev_before["task_solving_rate"] == 0.0 and result.dev_after["task_solving_rate"] == 100.0
     assert result.program.draft.signature.instructions == base.program.draft.signature.instructions
@@ -123,12 +123,28 @@ def test_gepa_finds_the_better_audit_instruction_and_compare_shows_the_diff(stor
     capsys.readouterr()  # drop what the optimizers printed
     assert main(["compare", "--experiment", "cg-test", "--tracking-uri", store, "--format", "json"]) == 0
     cmp = json.loads(capsys.readouterr().out)
-    assert [r["run_id"] for r in cmp["runs"]] == [base.run_id, result.run_id]
-    assert [r["metrics"]["dev.task_solving_rate"] for r in cmp["runs"]] == [0.0, 100.0]
-    assert f"+{RULE}" in cmp["instruction_diff"]["audit"]
-    assert cmp["instruction_diff"]["draft"] == ""
+    audit = cmp["stages"]["audit"]
+    assert [v["variant"] for v in audit["versions"]] == ["base", "tuned", "tuned"]
+    assert [v["optimizer"] for v in audit["versions"]] == ["", "bootstrap", "gepa"]
+    assert [v["dev_after"] for v in audit["versions"]] == [None, 0.0, 100.0] and audit["b"] == 3  # best by dev
+    assert f"+{RULE}" in audit["instructions_diff"] and audit["demos_diff"] == ""
+    assert "draft" not in cmp["stages"]  # never tuned: one version only
+    boot = main(["compare", "--experiment", "cg-test", "--tracking-uri", store, "--stage", "audit", "--a", "1",
+                 "--b", "2", "--format", "json"])
+    assert boot == 0
+    demos = json.loads(capsys.readouterr().out)["stages"]["audit"]["demos_diff"]
+    assert demos.startswith("--- v1 demos") and '+  "previous_answer"' in demos  # bootstrap added a demo
+    optimize_rows = cmp["runs"]["optimize"]
+    assert [r["run_id"] for r in optimize_rows] == [base.run_id[:8], result.run_id[:8]]
+    assert [r["dev.task_solving_rate"] for r in optimize_rows] == [0.0, 100.0]
+    assert all(len(row) <= 8 for row in optimize_rows)  # a compact table, not every param
     assert main(["compare", "--experiment", "cg-test", "--tracking-uri", store]) == 0
-    assert "NEW-AUDIT-RULE" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "NEW-AUDIT-RULE" in text and "| version |" in text
+
+    program = load_program("prompts:/contextguard@best")  # a program from the registry
+    assert program.audit.signature.instructions == RULE
+    assert program.revise.signature.instructions == result.program.revise.signature.instructions
 
 
 def test_gepa_rewrites_the_integrated_rule_fidelity_criteria_and_the_saved_program_holds_them(store, tmp_path):

@@ -145,7 +145,7 @@ def test_a_revision_without_an_answer_falls_back_to_draft_after_asking_twice(pro
 
 def test_unparseable_checker_keeps_the_audit_plan(proc_task):
     pred, engine = run(ContextGuard(), proc_task, script(procedure="no idea"))
-    assert pred.path == "revised" and pred.failures[0].startswith("procedure:")
+    assert pred.path == "revised" and pred.failures[0].startswith("procedure_check:")
     assert [i.tag for i in pred.protect_set] == ["CONFIRMED-CORRECT", "CONFIRMED-DATA"]
 
 

@@ -22,7 +22,8 @@ PT = "Harbor Lane"  # text only demo-pt-1 contains
 
 
 def remote(server, *extra):
-    return ["--model", "openai/test-model", "--api-base", server.base_url, "--no-cache", "--quiet", *extra]
+    return ["--model", "openai/test-model", "--api-base", server.base_url, "--no-cache", "--quiet", "--no-track",
+            *extra]
 
 
 def judging(server, *extra):

@@ -22,7 +22,7 @@ from cg_dspy.evaluation.rows import ResultRow
 from cg_dspy.evaluation.runner import Outcome, execute
 from cg_dspy.evaluation.store import ResultStore
 from cg_dspy.lms import lm_identity, patches, using
-from cg_dspy.method.stages import cost_totals
+from cg_dspy.method.stages import cost_totals, span
 
 
 def _dump(value):
@@ -72,11 +72,19 @@ def base_row(task: Task, digest: str) -> dict:
 
 
 def generate_row(program: dspy.Module, task: Task, method: str, lm, draft: str | None = None) -> dict:
-    """Run one task; the row the run file stores."""
+    """Run one task (one traced span, its stages inside when tracing is on); the row the
+    run file stores."""
     start = time.perf_counter()
-    with using(lm):
+    with span(method, task_id=task.idx, category=task.category) as watched, using(lm):
         pred = program(conversation=task.messages, category=task.category, draft=draft)
-    trace = {**trace_of(pred), "seconds": round(time.perf_counter() - start, 3)}
+        trace = {**trace_of(pred), "seconds": round(time.perf_counter() - start, 3)}
+        totals = cost_totals(trace["cost"].values())
+        watched.set(path=trace.get("path"), fix_set=len(pred.get("fix_set") or []),
+                    protect_set=len(pred.get("protect_set") or []), calls=totals["calls"],
+                    cached=totals["cached"], prompt_tokens=totals["prompt_tokens"],
+                    completion_tokens=totals["completion_tokens"], answer=pred.answer)
+    if watched.trace_ref:
+        trace["mlflow"] = watched.trace_ref  # where this task's trace is (a trace id, or its run)
     return {**base_row(task, input_digest(task, draft)), "model_output": pred.answer, "method": method,
             "trace": trace}
 

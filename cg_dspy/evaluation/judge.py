@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from cg_dspy.evaluation.runner import Outcome, execute
 from cg_dspy.evaluation.store import ResultStore, row_id
 from cg_dspy.lms import lm_identity, patches, using
 from cg_dspy.method.signatures import JudgeAllRubrics, JudgeRequirement
+from cg_dspy.method.stages import annotate, span
 
 PROTOCOLS = ("rubric", "joint")
 
@@ -183,6 +185,37 @@ def grade_row(
     return graded
 
 
+_TRACE_REF = {"trace_id": re.compile(r"tr-[0-9a-f]{32}"), "run_id": re.compile(r"[0-9a-f]{32}")}
+
+
+def trace_ref(row: dict) -> dict | None:
+    """Where a result row's trace is, if it says so in a form this project writes."""
+    ref = (row.get("trace") or {}).get("mlflow")
+    if isinstance(ref, dict) and len(ref) == 1:
+        (key, value), = ref.items()
+        if key in _TRACE_REF and isinstance(value, str) and _TRACE_REF[key].fullmatch(value):
+            return {key: value}
+    return None
+
+
+def traced_grade(row: dict, **options) -> dict:
+    """`grade_row`, its verdicts meant for the task's trace: the one its generation
+    recorded, else (a results file without one) a span opened for the grading."""
+    ref = trace_ref(row)
+    if ref is not None:
+        graded = grade_row(row, **options)
+    else:
+        with span("judge", task_id=row_id(row), protocol=options.get("protocol")) as watched:
+            graded = grade_row(row, **options)
+            watched.set(score=graded["score"], satisfied=sum(s == "yes" for s in graded["requirement_status"]),
+                        requirements=len(graded["requirement_status"]))
+        ref = watched.trace_ref
+    if ref:
+        graded["cg_dspy"]["trace"] = ref
+        annotate(graded, judge=getattr(options.get("judge_lm"), "model", "judge"))
+    return graded
+
+
 def running_tsr(rows: list[dict]) -> dict:
     """Progress-bar postfix: the task-solving rate so far."""
     graded = [r for r in rows if not r.get("error")]
@@ -236,11 +269,11 @@ def grade_file(
                      resume_anyway=resume_anyway) as store, ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         store.discard(i for i, g in store.rows.items()
                       if i in source and g["cg_dspy"].get("input") != graded_input(source[i]))
-        jobs = [
-            (row_id(r), lambda r=r: grade_row(
-                r, protocol=protocol, judge_lm=judge_lm, votes=votes, early_stop=early_stop, pool=pool))
-            for r in rows
-        ]
+        def job(r: dict) -> dict:
+            return traced_grade(r, protocol=protocol, judge_lm=judge_lm, votes=votes, early_stop=early_stop,
+                                pool=pool)
+
+        jobs = [(row_id(r), lambda r=r: job(r)) for r in rows]
         outcome = execute(jobs, store, threads=threads, desc="judge", postfix=running_tsr,
                           progress=progress, error_row=failed)
         return GradeResult(outcome, list(store.rows.values()) + [r for r in outcome.rows if r.get("error")],

@@ -31,6 +31,8 @@ class RubricMetric:
         self.memo: dict[tuple[str, str], str] = {} if memo is None else memo
         self._lock = threading.Lock()
         self.judge_calls = 0
+        # The name MLflow gives the score it attaches to each prediction's trace.
+        self.__name__ = "task_solved" if strict else "rubric_pass_rate"
 
     def status(self, answer: str, requirement: str) -> str:
         """The judge's majority label, memoised."""

@@ -132,3 +132,50 @@ def lm_identity(lm) -> dict:
     return identity
 
 
+
+
+class EnvironmentLM(dspy.BaseLM):
+    """The LM the loading process's environment names (`CG_MODEL`, `CG_API_BASE`,
+    `CG_TEMPERATURE`, `CG_MAX_TOKENS`; the embedded model when unset), built on its first
+    call and used in its place.
+
+    A logged MLflow model carries this instead of the run's own LM, so the model holds
+    no endpoint and no key: whoever loads it decides where its calls go.
+    """
+
+    def __init__(self):
+        super().__init__(model="cg_dspy/environment")
+        self._inner = None
+
+    @property
+    def inner(self) -> dspy.LM:
+        if self._inner is None:
+            self._inner = build_lm(LMSettings.from_env())
+        return self._inner
+
+    def __call__(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)
+
+    async def acall(self, *args, **kwargs):
+        return await self.inner.acall(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self.inner.forward(*args, **kwargs)
+
+    @property
+    def engine(self):
+        return self.inner.engine
+
+    @property
+    def supported_params(self) -> set[str]:
+        return self.inner.supported_params
+
+    @property
+    def supports_response_schema(self) -> bool:
+        return self.inner.supports_response_schema
+
+    def __getstate__(self) -> dict:
+        return {}  # nothing of the logging process: no endpoint, no key
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()

@@ -25,7 +25,7 @@ from cg_dspy.method.plan import build_plan, render_items
 from cg_dspy.method.schemas import AuditReport, GuardVerdict, Message, RevisionPlan, SpecialistReport
 from cg_dspy.method.signatures import Generate, ProtectedRevision, ReminderDraft, StructuredAudit
 from cg_dspy.method.specialists import SPECIALISTS, SpecialistPolicy
-from cg_dspy.method.stages import StageFailure, Stages
+from cg_dspy.method.stages import StageFailure, Stages, span
 
 ABLATIONS = ("reminder", "audit", "protection", "specialists", "guard")
 # chat: every stage after the draft continues the draft's chat (the answer as the
@@ -216,9 +216,12 @@ class ContextGuard(SavesConfig, dspy.Module):
         except StageFailure:
             turn.failed = "revise"
             return turn
-        turn.verdict = (revision_guard(turn.revision, answer, turn.plan.protect_set, turn.plan.fix_set,
-                                       min_length_ratio=self.min_length_ratio)
-                        if self.uses("guard") else GuardVerdict(passed=True, reasons=["guard disabled"]))
+        with span("guard") as watched:
+            turn.verdict = (revision_guard(turn.revision, answer, turn.plan.protect_set, turn.plan.fix_set,
+                                           min_length_ratio=self.min_length_ratio)
+                            if self.uses("guard") else GuardVerdict(passed=True, reasons=["guard disabled"]))
+            watched.set(passed=turn.verdict.passed, reasons=turn.verdict.reasons,
+                        length_ratio=turn.verdict.length_ratio)
         return turn
 
     def _audit(self, stages: Stages, conversation, answer, policy) -> AuditReport | None:
@@ -237,7 +240,7 @@ class ContextGuard(SavesConfig, dspy.Module):
             return None
         record = SPECIALISTS[policy.kind]
         try:
-            out = stages.run(policy.kind, getattr(self, record.checker_name), conversation=conversation,
+            out = stages.run(record.checker_name, getattr(self, record.checker_name), conversation=conversation,
                              previous_answer=answer)
         except StageFailure:
             return None  # recorded in stages.failures; the audit's F and P still stand

@@ -29,6 +29,52 @@ class StageFailure(Exception):
     """A stage produced output that could not be used; the reason is recorded."""
 
 
+# --- spans: who watches the stages (tracing), without the method knowing who it is ----
+
+
+class _Unwatched:
+    """The span when nothing watches: every call is a no-op."""
+
+    trace_ref = None  # where the task's trace is, for whoever reads the row later
+
+    def set(self, **attributes) -> None:
+        pass
+
+
+_UNWATCHED = _Unwatched()
+_observer = None  # callable(name, attributes) -> context manager yielding a span with .set(**attrs)
+_annotator = None  # callable(graded_row, judge) -> None: a task's verdicts onto its trace
+
+
+@contextmanager
+def observing(observer, annotator=None) -> Iterator[None]:
+    """Let `observer` open a span around every stage (and each task) in this block, and
+    `annotator` take each graded task's verdicts."""
+    global _observer, _annotator
+    previous = _observer, _annotator
+    _observer, _annotator = observer, annotator
+    try:
+        yield
+    finally:
+        _observer, _annotator = previous
+
+
+@contextmanager
+def span(name: str, **attributes):
+    """A span named `name` when something observes the stages, else nothing."""
+    if _observer is None:
+        yield _UNWATCHED
+        return
+    with _observer(name, attributes) as opened:
+        yield opened
+
+
+def annotate(graded: dict, *, judge: str) -> None:
+    """Hand a graded task to whoever watches, for its trace (else nothing)."""
+    if _annotator is not None:
+        _annotator(graded, judge)
+
+
 class Stages:
     """Per-task bookkeeping: LM calls, cache hits, tokens, truncated replies and reasoning
     per stage; failures in order; the structured-output mode each typed stage got."""
@@ -40,6 +86,13 @@ class Stages:
 
     def run(self, name: str, predictor, /, **inputs):
         """Call `predictor(**inputs)` as stage `name`; raise StageFailure on bad output."""
+        with span(name) as watched:
+            try:
+                return self._attempts(name, predictor, inputs)
+            finally:
+                watched.set(**self.cost[name], failures=[f for f in self.failures if f.startswith(f"{name}:")])
+
+    def _attempts(self, name: str, predictor, inputs: dict):
         for attempt in range(PARSE_ATTEMPTS):
             config = retry_config(attempt)
             answered = False

@@ -74,14 +74,21 @@ def to_markdown(result: dict) -> str:
 
 
 def compare_markdown(result: dict) -> str:
-    """`contextguard compare` as Markdown: runs side by side, then instruction diffs."""
-    runs = result["runs"]
-    metric_names = sorted({m for r in runs for m in r["metrics"]})
-    keys = ("optimizer", "budget", "method", "task_lm.model", "judge_lm.model")
-    rows = [[r["run_id"][:8], r["name"], r["kind"], *(r["params"].get(k, "") for k in keys),
-             *(r["metrics"].get(m) for m in metric_names)] for r in runs]
-    out = ["## Runs\n", _table(["run", "name", "kind", *keys, *metric_names], rows)]
-    for name, diff in result.get("instruction_diff", {}).items():
-        out.append(f"\n### {name}: instruction diff ({' -> '.join(i[:8] for i in result['diffed'])})\n")
-        out.append("```diff\n" + (diff or "(unchanged)") + "\n```")
+    """`contextguard compare` as Markdown: each stage's prompt versions with their dev
+    scores and the diff of instructions and demos, then one compact table per run kind."""
+    out = []
+    for stage, cell in result["stages"].items():
+        header = ["version", "variant", "run", "optimizer", "dev TSR before", "dev TSR after", "demos"]
+        rows = [[v["version"], v["variant"], v["run_id"][:8], v["optimizer"], v["dev_before"], v["dev_after"],
+                 v["demos"]] for v in cell["versions"]]
+        out += [f"## contextguard.{stage}\n", _table(header, rows),
+                f"\n### instructions, v{cell['a']} -> v{cell['b']}\n",
+                "```diff\n" + (cell["instructions_diff"] or "(unchanged)") + "\n```",
+                f"\n### demos, v{cell['a']} -> v{cell['b']}\n",
+                "```diff\n" + (cell["demos_diff"] or "(unchanged)") + "\n```\n"]
+    if not result["stages"]:
+        out.append("No stage has a tuned version in the Prompt Registry yet (run `contextguard optimize`).\n")
+    for kind, rows in result["runs"].items():
+        header = list(rows[0])
+        out += [f"## {kind} runs\n", _table(header, [[r.get(h) for h in header] for r in rows]), ""]
     return "\n".join(out) + "\n"

@@ -1,0 +1,151 @@
+"""MLflow as people open it: the Prompt Registry after two optimize runs, a trace per task
+with spans named by stage and its verdicts as assessments, honest run pages, and one
+logged model that both MLflow loaders open."""
+
+import json
+
+import mlflow
+import pytest
+from conftest import DATA, cli
+from scripted import scripted_lm
+from test_optimize import RULE, behaviour, by_ids
+
+from cg_dspy import ContextGuard, optimize, tracking
+from cg_dspy.evaluation.store import read_rows
+from cg_dspy.lms import LMSettings
+from cg_dspy.testing.server import ChatServer
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/fresh.db"
+    tracking.setup(uri, "cg-mlflow")
+    return uri
+
+
+@pytest.fixture
+def two_runs(store, tmp_path):
+    lm, _ = scripted_lm(behaviour)
+    train, dev = by_ids("dk-01", "rs-01"), by_ids("dk-03", "rs-03")
+    params = {"task_lm": LMSettings(model="openai/scripted", max_tokens=256).describe(), "train": "train-split",
+              "dev": "dev-split"}
+    runs = [optimize.optimize(optimizer=name, train=train, dev=dev, task_lm=lm, judge_lm=lm, reflection_lm=lm,
+                              budget="light", threads=2, out=tmp_path / f"{name}.json", params=params)
+            for name in ("bootstrap", "gepa")]
+    return runs
+
+
+def test_two_optimize_runs_leave_versioned_prompts_linked_runs_and_their_splits(two_runs):
+    stages = [name for name, _ in ContextGuard().named_predictors()]
+    registered = {p.name for p in mlflow.genai.search_prompts()}
+    assert registered == {f"contextguard.{s}" for s in stages}  # a variant is complete: every stage
+    client = mlflow.MlflowClient()
+    for result in two_runs:
+        run = mlflow.get_run(result.run_id)
+        saved = tracking.load_program_state(f"runs:/{result.run_id}")
+        linked = {(p["name"], str(p["version"])) for p in json.loads(run.data.tags["mlflow.linkedPrompts"])}
+        assert {name for name, _ in linked} == registered  # the run page lists its prompts
+        for stage in optimize.DEFAULT_TUNABLE:
+            mine = [v for v in client.search_prompt_versions(f"contextguard.{stage}")
+                    if (v.tags or {}).get("run_id") == result.run_id]
+            assert len(mine) == 1 and mine[0].template == saved[stage]["signature"]["instructions"]
+            assert (f"contextguard.{stage}", str(mine[0].version)) in linked
+            assert mine[0].tags["optimizer"] == result.settings["optimizer"]
+            assert mine[0].commit_message.startswith(f"{result.settings['optimizer']} (light): dev task-solving rate")
+        contexts = {d.tags[0].value for d in run.inputs.dataset_inputs}
+        assert contexts == {"train", "dev"}
+        assert {d.dataset.name for d in run.inputs.dataset_inputs} == {"train (train-split)", "dev (dev-split)"}
+        instructions = [p.signature.instructions for _, p in ContextGuard().named_predictors()]
+        assert not any(text[:60] in value for value in run.data.params.values() for text in instructions)
+        assert run.data.params["task_lm.max_tokens"] == "256"  # a number, not redacted as a "token"
+        assert not any(k.startswith("ContextGuard.") for k in run.data.params)  # no stale program state
+    for stage in optimize.DEFAULT_TUNABLE:
+        versions = list(client.search_prompt_versions(f"contextguard.{stage}"))
+        assert len(versions) >= 3 and min(int(v.version) for v in versions if v.tags["variant"] == "base") == 1
+    assert RULE in {v.template for v in client.search_prompt_versions("contextguard.audit")}
+
+
+def test_each_optimize_run_logs_one_model_with_a_signature_that_both_loaders_open(two_runs, monkeypatch):
+    import mlflow.dspy
+
+    result = two_runs[1]
+    experiment = mlflow.get_run(result.run_id).info.experiment_id
+    models = mlflow.search_logged_models(experiment_ids=[experiment], output_format="list")
+    assert [m.source_run_id for m in models].count(result.run_id) == 1  # one model per run, none Pending
+    uri = next(m.model_uri for m in models if m.source_run_id == result.run_id)
+    info = mlflow.models.get_model_info(uri)
+    assert info.signature is not None and {i.name for i in info.signature.inputs} == {"conversation", "category"}
+    loaded = mlflow.dspy.load_model(uri)
+    mlflow.clear_active_model()
+    assert loaded.audit.signature.instructions == result.program.audit.signature.instructions
+    with ChatServer() as server:  # the model calls the LM its loader's environment names
+        monkeypatch.setenv("CG_MODEL", "openai/served-model")
+        monkeypatch.setenv("CG_API_BASE", server.base_url)
+        model = mlflow.pyfunc.load_model(uri)
+        mlflow.clear_active_model()
+        out = model.predict({"conversation": [{"role": "user", "content": "Name the closest planet."}],
+                             "category": "Domain Knowledge Reasoning"})
+        assert out["answer"].startswith("Answer ") and out["path"] in ("early-return", "revised", "rolled-back")
+        assert server.requests and {b["model"] for b in server.requests} == {"served-model"}
+    artifacts = json.dumps([a.path for a in mlflow.artifacts.list_artifacts(artifact_uri=uri)])
+    assert "served-model" not in artifacts
+
+
+def test_run_and_eval_trace_every_task_by_stage_with_one_assessment_per_rubric(tmp_path):
+    uri = f"sqlite:///{tmp_path}/runs.db"
+    out, graded = tmp_path / "o.jsonl", tmp_path / "g.jsonl"
+    with ChatServer() as server:
+        lm = ["--model", "openai/test-model", "--api-base", server.base_url, "--no-cache", "--quiet"]
+        r = cli("run", str(DATA / "demo.jsonl"), "--out", str(out), "--tracking-uri", uri, *lm)
+        assert r.returncode == 0, r.stderr
+        r = cli("eval", str(out), "--out", str(graded), "--judge-model", "openai/test-model", "--judge-api-base",
+                server.base_url, "--no-cache", "--quiet", "--tracking-uri", uri)
+        assert r.returncode == 0, r.stderr
+    tracking.setup(uri, create=False)
+    runs = {r.data.tags["cg_dspy.kind"]: r for r in mlflow.search_runs(experiment_names=["contextguard"],
+                                                                      output_format="list")}
+    assert set(runs) == {"run", "eval"}
+    traces = tracking.find_traces(runs["run"].info.run_id)
+    rows = {x["idx"]: x for x in read_rows(out)}
+    ids = tracking.trace_ids(runs["run"].info.run_id)
+    assert len(traces) == len(rows) and set(ids) == set(rows)  # one trace per task, found by its task id
+    assert all(x["trace"]["mlflow"] == {"run_id": runs["run"].info.run_id} for x in rows.values())
+    for trace in traces:
+        names = [s.name for s in trace.data.spans]
+        assert names[0] == "contextguard" and "draft" in names and "audit" in names
+        assert set(names) <= {"contextguard", "draft", "audit", "format_check", "procedure_check", "revise", "guard"}
+        audit = next(s for s in trace.data.spans if s.name == "audit")
+        assert audit.attributes["calls"] == 1 and "prompt_tokens" in audit.attributes
+        assert trace.data.spans[0].attributes["path"] == "early-return"
+    verdicts = {x["idx"]: x for x in read_rows(graded)}
+    for idx, row in rows.items():
+        trace = mlflow.get_trace(ids[idx])
+        assessments = sorted(trace.info.assessments, key=lambda a: a.name)
+        assert [a.name for a in assessments] == [f"R{i + 1:02d}" for i in range(len(row["rubrics"]))]
+        assert [a.value for a in assessments] == [s == "yes" for s in verdicts[idx]["requirement_status"]]
+        assert all(a.metadata["rubric"] == rubric for a, rubric in zip(assessments, row["rubrics"]))
+
+
+def test_eval_of_an_untraced_results_file_traces_the_grading(tmp_path):
+    uri = f"sqlite:///{tmp_path}/e.db"
+    out, graded = tmp_path / "o.jsonl", tmp_path / "g.jsonl"
+    with ChatServer() as server:
+        assert cli("run", str(DATA / "demo.jsonl"), "--out", str(out), "--method", "baseline", "--no-track",
+                   "--model", "openai/test-model", "--api-base", server.base_url, "--quiet").returncode == 0
+        server.inject("text", text='{"reason": "no closing line", "satisfaction_status": "no"}', match="Brightwater",
+                      times=100)
+        r = cli("eval", str(out), "--out", str(graded), "--judge-model", "openai/test-model", "--judge-api-base",
+                server.base_url, "--no-cache", "--quiet", "--tracking-uri", uri)
+        assert r.returncode == 0, r.stderr
+    tracking.setup(uri, create=False)
+    run = mlflow.search_runs(experiment_names=["contextguard"], output_format="list")[0]
+    traces = tracking.find_traces(run.info.run_id)
+    assert len(traces) == 4 and {t.data.spans[0].name for t in traces} == {"judge"}
+    rows = {x["idx"]: x for x in read_rows(graded)}
+    assert rows["demo-dk-1"]["cg_dspy"]["trace"] == {"run_id": run.info.run_id}
+    dk = mlflow.get_trace(tracking.trace_ids(run.info.run_id)["demo-dk-1"])
+    verdicts = {a.name: (a.value, a.rationale) for a in dk.info.assessments}
+    assert verdicts["R04"] == (False, "no closing line")  # the one rubric that names Brightwater
+    assert [verdicts[f"R0{i}"][0] for i in (1, 2, 3)] == [True, True, True]
+    assert rows["demo-dk-1"]["requirement_status"] == ["yes", "yes", "yes", "no"]
