@@ -24,7 +24,7 @@ from cg_dspy.lms import DEFAULT_TIMEOUT, LMSettings, build_lm, patches
 from cg_dspy.lms.endpoint import STRUCTURED_OUTPUT
 from cg_dspy.method import LAYOUTS, METHODS, build_program, method_names
 from cg_dspy.method.program import ABLATIONS
-from cg_dspy.optimize.compile import DEFAULT_TUNABLE
+from cg_dspy.optimize.compile import DEFAULT_TUNABLE, DevFailed
 from cg_dspy.optimize.recipes import BUDGETS, RECIPES
 from cg_dspy.redact import printable, scrub
 from cg_dspy.reports import analysis, markdown
@@ -511,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
         for line in str(exc).splitlines() or [type(exc).__name__]:
             _say(f"contextguard: {printable(line)}")
         return EXIT_USAGE
+    except DevFailed as exc:
+        _say(f"contextguard: {printable(str(exc))}")
+        return EXIT_FAILED
     except Exception as exc:  # a bug of ours: say so in one line, the traceback with --debug
         if args.debug:
             raise

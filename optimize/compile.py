@@ -44,11 +44,26 @@ class OptimizeResult:
     extra: dict = field(default_factory=dict)
 
 
+class DevFailed(RuntimeError):
+    """Every dev task failed before compiling: the LMs answer nothing, so nothing can be tuned
+    (an optimizer would only spend its budget on errors and register untouched prompts)."""
+
+
 def evaluate(program, examples, metric: RubricMetric, *, lm, threads: int = 4) -> dict:
-    """Dense rubric pass rate and strict task-solving rate (overall, per category), in %."""
+    """Dense rubric pass rate and strict task-solving rate (overall, per category), in %, and
+    how many tasks failed with an error (scored 0 by DSPy, so counted here to be seen)."""
+    errors: list[str] = []
+
+    def answered(**inputs):
+        try:
+            return program(**inputs)
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+            raise
+
     with using(lm):
         result = dspy.Evaluate(devset=examples, metric=metric, num_threads=threads, display_progress=False,
-                               provide_traceback=False, max_errors=len(examples) + 1)(program)
+                               provide_traceback=False, max_errors=len(examples) + 1)(answered)
     per_cat: dict[str, list[float]] = defaultdict(list)
     scores = []
     for example, _pred, score in result.results:
@@ -60,6 +75,8 @@ def evaluate(program, examples, metric: RubricMetric, *, lm, threads: int = 4) -
         "rubric_pass_rate": round(100 * sum(scores) / n, 2),
         "task_solving_rate": round(100 * sum(s == 1.0 for s in scores) / n, 2),
         "by_category": {c: {"task_solving_rate": round(100 * sum(v) / len(v), 2)} for c, v in per_cat.items()},
+        "errors": len(errors),
+        **({"first_error": errors[0][:300]} if errors else {}),
     }
 
 
@@ -106,6 +123,9 @@ def optimize(
 
     def work(run_id=None) -> OptimizeResult:
         before = evaluate(program, devset, metric, lm=task_lm, threads=threads)
+        if devset and before["errors"] == len(devset):
+            raise DevFailed(f"every dev task ({len(devset)}) failed before compiling, nothing was tuned; "
+                            f"the first: {before['first_error']}")
         if hasattr(program, "frozen"):
             program.frozen = frozenset(set(names) - set(tunable))
         with using(task_lm):

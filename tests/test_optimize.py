@@ -176,3 +176,25 @@ def test_api_key_never_reaches_the_store(store, splits, tmp_path, monkeypatch):
     assert hits == []
     rows = sqlite3.connect(tmp_path / "mlflow.db").execute("select key, value from params").fetchall()
     assert ("note", "key=***") in rows and not any(k == "task_lm.api_key" and v != "***" for k, v in rows)
+
+
+def test_optimize_stops_before_compiling_when_no_dev_task_answers(store, tmp_path):
+    """An unreachable task LM: one clear line and a failed exit, not a 'compiled' program
+    whose dev scores are 0 -> 0 and whose prompt versions are untouched copies."""
+    import socket
+
+    import mlflow
+    from conftest import cli
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    manifest = DATA / "splits" / "tasks.json"
+    done = cli("optimize", "--optimizer", "bootstrap", "--train", f"{manifest}#train", "--dev", f"{manifest}#dev",
+               "--out", str(tmp_path / "p.json"), "--model", "openai/x", "--api-base", f"http://127.0.0.1:{port}/v1",
+               "--no-cache", "--retries", "0", "--timeout", "2", "--tracking-uri", store, "--experiment", "cg-test")
+    assert done.returncode == 1, done.stderr
+    assert "every dev task (5) failed before compiling" in done.stderr and "Connection refused" in done.stderr
+    assert not (tmp_path / "p.json").exists()
+    assert [r.info.status for r in mlflow.search_runs(experiment_names=["cg-test"], output_format="list")] == ["FAILED"]
+    assert mlflow.genai.search_prompts() == []
