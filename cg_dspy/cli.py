@@ -247,17 +247,44 @@ def cmd_eval(args) -> int:
     return _status(graded.outcome, errors)
 
 
+def _lm_typer(args):
+    """The judge LM as requirement typer (at temperature 0: a label, not a sample), or None."""
+    if args.rubric_types != "lm":
+        return None
+    from cg_dspy.evaluation.rubric_types import LMTyper
+
+    return LMTyper(build_lm(_lm_settings(args, "judge-"), default_temperature=0.0), threads=args.threads)
+
+
+def _typer(args, files: dict[str, list]) -> dict:
+    """`report`'s typer arguments: keyword cues, or the judge LM over every unique rubric."""
+    typer = _lm_typer(args)
+    if typer is None:
+        return {}
+    typer.type_files(files)
+    _say(f"requirement types: {len(typer.types)} rubrics typed by the judge LM, {typer.calls} LM calls this time"
+         + (f", {len(typer.failed)} failed (left untyped; rerun to try again)" if typer.failed else ""))
+    for line in typer.failed[:5]:
+        _say(f"  {line}")
+    return {"typer": typer, "typer_name": typer.describe()}
+
+
 def cmd_report(args) -> int:
     files, errors = {}, []
     for path in args.graded:
         rows, bad = _read(path, GradedRow, "graded")
         files[path] = rows
         errors += bad
-    result = analysis.report(analysis.runs_by_label(files))
+    typer = _typer(args, files)
+    result = analysis.report(analysis.runs_by_label(files), **typer)
     if args.plots:
         from cg_dspy.reports import plots
 
         plots.write_all(result, args.plots)
+    if args.html:
+        from cg_dspy.reports import html
+
+        html.write(result, args.html)
     print(json.dumps(result, indent=1) if args.format == "json" else markdown.to_markdown(result))
     return EXIT_FAILED if errors else EXIT_OK
 
@@ -278,7 +305,8 @@ def cmd_bench(args) -> int:
             tasks, methods, out_dir, lm=build_lm(_lm_settings(args)),
             judge_lm=build_lm(_lm_settings(args, "judge-"), default_temperature=JUDGE_TEMPERATURE),
             votes=args.votes, protocol=args.protocol, threads=args.threads, progress=not args.quiet,
-            early_stop=not args.no_early_stop, force=args.force, resume_anyway=args.resume_anyway,
+            early_stop=not (args.no_early_stop or args.judge_stability), force=args.force,
+            resume_anyway=args.resume_anyway, typer=_lm_typer(args),
             inputs=(_file_input(args.tasks),), layout=args.layout)
 
     params = {"tasks": args.tasks, "task_count": len(tasks), "methods": methods, "protocol": args.protocol,
@@ -367,7 +395,7 @@ def parser() -> argparse.ArgumentParser:
                         "server prefills only the stage's own text (default); inline: the stage is appended to "
                         "the task's last message")
 
-    def common(sp, judge_flags=False, task_flags=True):
+    def common(sp, judge_flags=False, task_flags=True, grading=True):
         sp.add_argument("--threads", type=positive_int, default=4, help="LM requests kept in flight (default 4)")
         sp.add_argument("--no-cache", action="store_true", help="bypass DSPy's LM cache")
         sp.add_argument("--retries", type=int, default=4,
@@ -380,10 +408,16 @@ def parser() -> argparse.ArgumentParser:
             _add_lm_flags(sp)
         if judge_flags:
             _add_lm_flags(sp, "judge-", "judge")
+        if judge_flags and grading:
             sp.add_argument("--votes", type=odd_votes, default=3, help="judge votes per requirement (odd K, default 3)")
             sp.add_argument("--protocol", choices=judge.PROTOCOLS, default="rubric",
                             help="rubric: one requirement per call, majority of K; joint: CL-bench's official")
             sp.add_argument("--no-early-stop", action="store_true", help="always draw all K votes")
+
+    def rubric_types(sp):
+        sp.add_argument("--rubric-types", choices=("keyword", "lm"), default="keyword",
+                        help="who types requirements for Table 2: keyword cues (offline, default) or the judge LM "
+                        "(one call per unique rubric, cached beside each graded file)")
 
     def output(sp):
         sp.add_argument("--force", action="store_true", help="replace an output this command would not resume")
@@ -419,6 +453,9 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("graded", nargs="+", help="graded JSONL; with two runs, the first is 'before'")
     rp.add_argument("--format", choices=("markdown", "json"), default="markdown")
     rp.add_argument("--plots", help="directory for PNG figures")
+    rp.add_argument("--html", help="write the report as one self-contained HTML page (tables and figures)")
+    rubric_types(rp)
+    common(rp, judge_flags=True, task_flags=False, grading=False)
     rp.set_defaults(fn=cmd_report)
 
     b = sub.add_parser("bench", help="run and judge several methods, paired on the same drafts")
@@ -428,6 +465,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--out-dir", required=True)
     b.add_argument("--strict", action="store_true")
     b.add_argument("--shard")
+    b.add_argument("--judge-stability", action="store_true",
+                   help="grade with every vote drawn (no early stop), so the report has judge stability (Table 5)")
+    rubric_types(b)
     common(b, judge_flags=True)
     output(b)
     layout(b)

@@ -78,21 +78,47 @@ def test_rubric_types_and_task_averaged_failure_rates():
         "conditional rules": None, "style/audience/persona": 100.0}
 
 
-def test_judge_stability_uses_only_full_k_votes():
-    rows = [
-        row("a", D, "x", ["yes", "yes"], votes=[["yes", "yes", "yes"], ["yes", "no", "yes"]]),
-        row("b", D, "x", ["no"], votes=[["no", "no"]]),
-    ]
-    s = analysis.judge_stability(rows)
+def graded_with(early_stop, *rows_):
+    """Rows as `grade_file` records them: the grading run's settings in `cg_dspy.run`."""
+    return [{**r, "cg_dspy": {"run": {"protocol": "rubric", "votes": 3, "early_stop": early_stop}}} for r in rows_]
+
+
+FULL_K = graded_with(
+    False,
+    row("a", D, "x", ["yes", "yes"], votes=[["yes", "yes", "yes"], ["yes", "no", "yes"]]),
+    row("c", D, "x", ["no", "yes"], votes=[["no", "no", "no"], ["no", "yes", "yes"]]),
+)
+
+
+def test_judge_stability_from_full_k_votes_matches_hand_counts():
+    s = analysis.judge_stability(FULL_K)
     assert s["votes"] == 3
-    assert s["requirement"] == {"instances": 2, "single_vote_agreement": 66.67, "majority_vote_agreement": 83.33}
-    assert s["task"] == {"instances": 1, "single_vote_agreement": 33.33, "majority_vote_agreement": 66.67}
-    assert analysis.judge_stability(BEFORE) is None
+    # requirements: (1 + 1/3 + 1 + 1/3) / 4 pairwise, (1 + 2/3 + 1 + 2/3) / 4 with the majority
+    assert s["requirement"] == {"instances": 4, "single_vote_agreement": 66.67, "majority_vote_agreement": 83.33}
+    # tasks (all requirements yes per vote): a = [T, F, T], c = [F, F, F]
+    assert s["task"] == {"instances": 2, "single_vote_agreement": 66.67, "majority_vote_agreement": 83.33}
+    rep = analysis.report({"full": FULL_K})
+    assert rep["judge_stability"] == {"full": s} and "judge_stability_reason" not in rep
+    assert "### Judge stability: full (K = 3, every vote drawn)" in markdown.to_markdown(rep)
+
+
+def test_early_stopped_votes_give_no_stability_table_and_say_how_to_measure_it():
+    early = graded_with(True, row("a", D, "x", ["yes", "yes"], votes=[["yes", "yes"], ["yes", "no", "yes"]]))
+    assert analysis.judge_stability(early) is None  # the one full-K requirement is a disagreeing one
+    assert analysis.judge_stability(BEFORE) is None  # no votes at all
+    rep = analysis.report({"early": early})
+    assert rep["judge_stability"] is None
+    assert "early: votes were early-stopped" in rep["judge_stability_reason"]
+    assert "contextguard eval --no-early-stop" in rep["judge_stability_reason"]
+    md = markdown.to_markdown(rep)
+    assert "Judge stability: early" not in md and "votes were early-stopped" in md
+    mixed = analysis.report({"early": early, "full": FULL_K})
+    assert list(mixed["judge_stability"]) == ["full"] and "early:" in mixed["judge_stability_reason"]
 
 
 def test_report_has_exactly_the_documented_keys():
     rep = analysis.report({"before.jsonl": BEFORE, "after.jsonl": AFTER})
-    assert set(rep) == {"runs", "comparison"}
+    assert set(rep) == {"runs", "comparison", "rubric_typer", "judge_stability", "judge_stability_reason"}
     assert set(rep["runs"]["before.jsonl"]) == {"tasks", "solved", "task_solving_rate", "by_category",
                                                 "by_sub_category", "by_length_bin", "near_miss",
                                                 "rubric_type_failure"}
@@ -100,7 +126,7 @@ def test_report_has_exactly_the_documented_keys():
                                       "net_solved_gain", "change_rate", "repair_probability", "regression_risk",
                                       "positive_change_precision", "benefit_risk_ratio", "net_requirement_gain"}
     md = markdown.to_markdown(rep)
-    assert "| before.jsonl | 4 | 1 | 25.00 |" in md and "### Migration" in md
+    assert "| before.jsonl | 4 | 1 | 25.00 |" in md and "## before.jsonl -> after.jsonl: migration" in md
 
 
 @pytest.mark.parametrize("tokens, name", [(0, "0-4K"), (3999, "0-4K"), (4000, "4-8K"), (8000, "8-16K"),
@@ -119,12 +145,13 @@ def test_official_graded_sample_reports_true_rate(capsys):
     assert (run["tasks"], run["solved"], run["task_solving_rate"]) == (8, 1, 12.5)
     assert run["near_miss"] == {"0": 1, "1": 3, "2-3": 2, "4-8": 2, ">8": 0}
     assert sum(c["tasks"] for c in run["by_length_bin"].values()) == 8
-    assert "judge_stability" not in rep
+    assert rep["judge_stability"] is None and "no per-requirement votes" in rep["judge_stability_reason"]
 
 
 def test_plots_are_written(tmp_path):
     from cg_dspy.reports import plots
 
     written = plots.write_all(analysis.report({"before.jsonl": BEFORE, "after.jsonl": AFTER}), tmp_path)
-    assert [p.name for p in written] == ["tsr_by_sub_category.png", "tsr_by_length.png", "migration.png"]
+    assert [p.name for p in written] == ["tsr_by_sub_category.png", "tsr_by_length.png", "near_miss.png",
+                                         "rubric_type_failure.png", "migration.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000 for p in written)

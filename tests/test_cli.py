@@ -45,6 +45,7 @@ def test_run_eval_report_against_an_openai_compatible_server(tmp_path):
     r = cli("report", str(graded), "--format", "json", "--plots", str(tmp_path / "plots"))
     rep = json.loads(r.stdout)
     assert rep["runs"]["contextguard"]["task_solving_rate"] == 100.0  # runs are named by their method
+    assert rep["judge_stability"] is None and "eval --no-early-stop" in rep["judge_stability_reason"]
     assert (tmp_path / "plots" / "tsr_by_length.png").exists()
 
 
@@ -140,7 +141,7 @@ def test_bench_pairs_methods_on_the_same_drafts_and_tracks_one_run(tmp_path):
     with ChatServer() as server:
         r = cli("bench", str(DATA / "demo.jsonl"), "--methods", "self-refine,contextguard,contextguard-no-reminder",
                 "--out-dir", str(out_dir), *remote(server, track=True), *judge_remote(server), "--tracking-uri", uri,
-                "--experiment", "bench-test")
+                "--experiment", "bench-test", "--judge-stability")
         assert r.returncode == 0, r.stderr
     names = {p.name for p in out_dir.iterdir()}
     for m in ("baseline", "self-refine", "contextguard", "contextguard-no-reminder"):
@@ -161,6 +162,18 @@ def test_bench_pairs_methods_on_the_same_drafts_and_tracks_one_run(tmp_path):
     runs = mlflow.search_runs(experiment_names=["bench-test"], output_format="list")
     assert len(runs) == 1 and runs[0].data.metrics["contextguard.task_solving_rate"] == 100.0
     assert runs[0].data.metrics["baseline.cost.lm_calls_per_task"] == 1.0
+    # --judge-stability: every vote drawn, so Table 5 is there for each method
+    assert all(len(v) == 3 for m in rep["runs"] for x in read_rows(out_dir / f"{m}.graded.jsonl")
+               for v in x["votes"])
+    assert set(rep["judge_stability"]) == set(rep["runs"]) and "judge_stability_reason" not in rep
+    assert rep["judge_stability"]["contextguard"]["requirement"]["single_vote_agreement"] == 100.0
+    figures = {p.name for p in (out_dir / "figures").iterdir()}
+    assert {"tsr_by_sub_category.png", "near_miss.png", "rubric_type_failure.png",
+            "migration_contextguard.png", "migration_self_refine.png"} <= figures
+    page = (out_dir / "report.html").read_text()
+    assert page.count("<img ") == len(figures) and "Judge stability: contextguard" in page
+    logged = {a.path for a in mlflow.MlflowClient().list_artifacts(runs[0].info.run_id, "bench")}
+    assert {"bench/report.html", "bench/figures"} <= logged
 
 
 def test_sigkill_mid_eval_then_rerun_grades_every_task_once(tmp_path):

@@ -3,7 +3,7 @@
 Pairing follows the paper: Self-Refine and ContextGuard without the reminder revise
 the baseline's own draft; ContextGuard's other ablations revise the full method's
 reminder draft. Everything lands in one folder: `<method>.jsonl`,
-`<method>.graded.jsonl`, `report.json`, `report.md`.
+`<method>.graded.jsonl`, `report.json`, `report.md`, `report.html` and `figures/`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from cg_dspy.evaluation import harness, judge
 from cg_dspy.method import build_program
-from cg_dspy.reports import analysis, markdown
+from cg_dspy.reports import analysis, html, markdown, plots
 
 
 @dataclass
@@ -47,8 +47,9 @@ def ordered(methods: list[str]) -> list[str]:
 
 def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol="rubric", threads=4,
               progress=True, early_stop=True, force=False, resume_anyway=False, inputs=(),
-              layout="chat") -> BenchResult:
-    """Run, judge and report every method into `out_dir`."""
+              layout="chat", typer=None) -> BenchResult:
+    """Run, judge and report every method into `out_dir`; `typer` (an `LMTyper`) types the
+    requirements for Table 2 instead of the keyword cues."""
     out_dir.mkdir(parents=True, exist_ok=True)
     answers: dict[str, dict[str, str]] = {}
     graded_runs: dict[str, list[dict]] = {}
@@ -72,12 +73,18 @@ def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol=
             result.interrupted = True
             return result
         graded_runs[method] = graded.rows
-    report = analysis.report(graded_runs)
+    typed = {}
+    if typer is not None:
+        typer.type_files({str(out_dir / f"{m}.graded.jsonl"): rows for m, rows in graded_runs.items()})
+        typed = {"typer": typer, "typer_name": typer.describe()}
+    report = analysis.report(graded_runs, **typed)
     base = "baseline" if "baseline" in graded_runs else None
     if base:
         report["comparisons"] = {f"{base} -> {m}": analysis.compare(graded_runs[base], g)
                                  for m, g in graded_runs.items() if m != base}
     (out_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     (out_dir / "report.md").write_text(markdown.to_markdown(report), encoding="utf-8")
+    plots.write_all(report, out_dir / "figures")
+    html.write(report, out_dir / "report.html")
     result.report = report
     return result

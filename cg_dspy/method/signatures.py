@@ -177,6 +177,29 @@ class JudgeRequirement(dspy.Signature):
     satisfaction_status: Literal["yes", "no"] = dspy.OutputField(desc="yes or no.")
 
 
+class RequirementType(dspy.Signature):
+    """Classify what one requirement of a context-learning task mainly tests, into one of
+    five types (or "other"):
+    - format/lexical: output structure and surface form (a required format such as JSON,
+      a table, list, headings or sections; length and word limits; the number or order of
+      presented items; exact phrases, labels or terms to use or avoid; citation markup).
+    - procedure/agent: workflow and coordination (steps in order, agent roles, hand-offs,
+      routing and escalation, timing, gate checks, what to do before or after, logging).
+    - calc/verify/standards: calculation and verification (numeric correctness, derived or
+      computed results, quantitative relationships, checking claims against the data,
+      evidence or a technical standard).
+    - conditional rules: applying the context's rules with their conditions and exceptions
+      (if / unless / only when, applicability, eligibility, prohibitions a rule sets).
+    - style/audience/persona: tone, register, audience fit, persona or role voice, empathy,
+      politeness, reading level.
+    - other: none of these (a plain statement of content).
+    Choose the single type the requirement is mainly about."""
+
+    requirement: str = dspy.InputField(desc="One requirement of a task's rubric.")
+    requirement_type: Literal["format/lexical", "procedure/agent", "calc/verify/standards", "conditional rules",
+                              "style/audience/persona", "other"] = dspy.OutputField()
+
+
 class JudgeAllRubrics(dspy.Signature):
     """You are a rigorous instruction-following grading teacher. Grade the student
     response against every requirement in the numbered list, in order. A requirement

@@ -26,19 +26,24 @@ RUBRIC_TYPES = (
     "style/audience/persona",
 )
 # Keyword cues per requirement type; a rubric takes the type with the most cues
-# (ties go to the earlier type), and a rubric with no cue is left untyped.
+# (ties go to the earlier type), and a rubric with no cue is left untyped. Agreement with
+# hand labels of 67 real CL-bench rubrics: tests/test_rubric_types.py (and the README).
 _TYPE_CUES = {
-    "format/lexical": r"format|bullet|numbered|list|table|json|xml|heading|section|paragraph|bold|italic|"
-    r"markdown|words?\b|characters?|sentence|begin|start with|end with|ends? with|emoji|capital|"
-    r"quote|exactly|phrase|label|length|\blines?\b",
+    "format/lexical": r"format|bullet|numbered|list\b|listed|table|json|xml|heading|section|paragraph|bold|italic|"
+    r"markdown|words?\b|characters?|sentence|begin|start with|end with|ends? with|conclude with|capital|"
+    r"quote|exactly|phrase|label|length|\blines?\b|glossary|disclaimer|unique .*terms|order the|citations?",
     "procedure/agent": r"step|procedure|workflow|route|routing|agent|hand-?off|escalat|\blog\b|logs|"
-    r"sequence|order\b|gate|checklist|protocol|stop and|before|after|first|then\b",
-    "calc/verify/standards": r"calculat|compute|total|sum\b|average|mean\b|percent|%|estimate|unit|"
-    r"verif|standard|formula|\d|value|accura|precis",
+    r"sequence|gate|checklist|protocol|stop and|before|after|then\b|follow-?up|continu|"
+    r"confirm the user",
+    "calc/verify/standards": r"calculat|compute|total|sum\b|average|mean\b|percent|%|estimate|\bunits?\b|"
+    r"verif|standard|formula|value|accura|precis|quantitativ|mathemat|numer|evidence|supported by|"
+    r"\bdata\b|principle|specification|exact text|unable to find|distinguish",
     "conditional rules": r"\bif\b|unless|except|\bwhen\b|only if|rule|condition|exempt|appl(y|ies)|"
-    r"threshold|not approved|must not|should not|never",
+    r"threshold|not approved|must not|never|eligib",
     "style/audience/persona": r"tone|style|audience|persona|friendly|formal|plain language|slang|"
-    r"empath|polite|voice|\brole\b|teenager|beginner|child|warm|encourag|concise",
+    r"empath|polite|voice|\brole\b|teenager|beginner|child|warm|encourag|concise|emoji|euphemis|analog|"
+    r"everyday language|accessible|sound confident|sadness|acknowledge|\bAI\b|advanced knowledge|"
+    r"you are an? |simple to complex|assistant that",
 }
 _CUE_RE = {t: re.compile(p, re.IGNORECASE) for t, p in _TYPE_CUES.items()}
 
@@ -81,13 +86,14 @@ def _with_category(table: dict[str, dict], rows: list[GradedRow]) -> dict[str, d
     return {sub: {**cell, "category": owner.get(sub, "unknown")} for sub, cell in table.items()}
 
 
-def rubric_type_failure(rows) -> dict[str, float | None]:
-    """Failure rate per requirement type, task-averaged within each type (Table 2)."""
+def rubric_type_failure(rows, typer=rubric_type) -> dict[str, float | None]:
+    """Failure rate per requirement type, task-averaged within each type (Table 2);
+    `typer(rubric)` gives a rubric's type or None (untyped rubrics count nowhere)."""
     per_type: dict[str, list[float]] = defaultdict(list)
     for r in graded_rows(rows):
         by_type: dict[str, list[bool]] = defaultdict(list)
         for rubric, ok in zip(r.rubrics, r.satisfied):
-            t = rubric_type(rubric)
+            t = typer(rubric)
             if t:
                 by_type[t].append(ok)
         for t, oks in by_type.items():
@@ -95,7 +101,7 @@ def rubric_type_failure(rows) -> dict[str, float | None]:
     return {t: _pct(sum(per_type[t]), len(per_type[t])) for t in RUBRIC_TYPES}
 
 
-def run_summary(rows) -> dict:
+def run_summary(rows, typer=rubric_type) -> dict:
     """Every per-run figure of the report for one graded file."""
     rows = graded_rows(rows)
     n = len(rows)
@@ -112,7 +118,7 @@ def run_summary(rows) -> dict:
         "by_sub_category": _with_category(_rate_table(rows, lambda r: r.metadata.sub_category), rows),
         "by_length_bin": {b: by_length[b] for b in LENGTH_BINS if b in by_length},
         "near_miss": near,
-        "rubric_type_failure": rubric_type_failure(rows),
+        "rubric_type_failure": rubric_type_failure(rows, typer),
     }
     inconsistent = sum(r.inconsistent for r in rows)
     if inconsistent:
@@ -176,24 +182,27 @@ def _agreement(votes: list[bool]) -> tuple[float, float]:
     return single, sum(v == label for v in votes) / k
 
 
-def judge_stability(rows) -> dict | None:
-    """Single-vote and majority-vote agreement, requirement and task level (Table 5).
+def full_votes(row: GradedRow) -> int | None:
+    """K when the row was graded with every vote drawn (early stop off, as recorded by
+    `grade_file`), else None: early-stopped votes keep all K only where the first ones
+    disagreed, so they would bias agreement downwards."""
+    run = ((row.model_extra or {}).get("cg_dspy") or {}).get("run") or {}
+    if run.get("early_stop") is False and isinstance(run.get("votes"), int) and run["votes"] > 1 and row.votes:
+        return run["votes"]
+    return None
 
-    Only requirements with the full K votes count (K = the most votes any requirement
-    got); early-stopped requirements have fewer and are left out, so measure stability
-    on a run graded with early stop off.
-    """
-    rows = graded_rows(rows)
-    vote_lists = [[v == "yes" for v in vs] for r in rows for vs in (r.votes or [])]
-    if not vote_lists:
+
+def judge_stability(rows) -> dict | None:
+    """Single-vote and majority-vote agreement, requirement and task level (Table 5), over
+    the rows graded with every vote drawn (`full_votes`); None when there are none."""
+    rows = [r for r in graded_rows(rows) if full_votes(r)]
+    if not rows:
         return None
-    k = max(len(v) for v in vote_lists)
-    req = [_agreement(v) for v in vote_lists if len(v) == k and k > 1]
-    tasks = []
-    for r in rows:
-        vs = [[v == "yes" for v in x] for x in (r.votes or [])]
-        if vs and k > 1 and all(len(v) == k for v in vs):
-            tasks.append(_agreement([all(v[i] for v in vs) for i in range(k)]))
+    k = max(full_votes(r) for r in rows)
+    votes = {r.task_id: [[v == "yes" for v in vs] for vs in r.votes] for r in rows if full_votes(r) == k}
+    req = [_agreement(v) for vs in votes.values() for v in vs if len(v) == k]
+    tasks = [_agreement([all(v[i] for v in vs) for i in range(k)])
+             for vs in votes.values() if vs and all(len(v) == k for v in vs)]
 
     def level(items: list[tuple[float, float]]) -> dict:
         return {
@@ -203,6 +212,22 @@ def judge_stability(rows) -> dict | None:
         }
 
     return {"votes": k, "requirement": level(req), "task": level(tasks)}
+
+
+STABILITY_HOW = "grade with `contextguard eval --no-early-stop` (or `contextguard bench --judge-stability`)"
+
+
+def stability_reason(runs: dict[str, list[GradedRow]], measured: dict) -> str | None:
+    """Why Table 5 is missing for some or all runs, and how to measure it."""
+    early = [n for n, rows in runs.items() if n not in measured and any(r.votes for r in rows)]
+    unvoted = [n for n, rows in runs.items() if n not in measured and n not in early]
+    parts = []
+    if early:
+        parts.append(f"{', '.join(early)}: votes were early-stopped (the third vote is drawn only when the first "
+                     "two disagree), so agreement over them would be biased; no stability is reported")
+    if unvoted and not measured:
+        parts.append(f"{', '.join(unvoted)}: no per-requirement votes recorded")
+    return "; ".join(parts) + f". To measure judge stability, {STABILITY_HOW}." if parts else None
 
 
 def cost_summary(rows) -> dict | None:
@@ -254,18 +279,30 @@ def runs_by_label(files: dict[str, list]) -> dict[str, list[GradedRow]]:
             for (label, path), rows in groups.items()}
 
 
-def report(runs: dict[str, list]) -> dict:
-    """The JSON report: `runs`, plus `comparison` for two runs, `judge_stability` when
-    votes were recorded and `cost` when the graded rows carry generation cost."""
+def comparisons(result: dict) -> dict[tuple[str, str], dict]:
+    """A report's paired comparisons, (before, after) run labels to their numbers."""
+    out = {tuple(title.split(" -> ", 1)): c for title, c in (result.get("comparisons") or {}).items()}
+    if "comparison" in result:
+        names = list(result["runs"])
+        out[(names[0], names[1])] = result["comparison"]
+    return out
+
+
+def report(runs: dict[str, list], *, typer=rubric_type, typer_name: str = "keyword") -> dict:
+    """The JSON report: `runs`, plus `comparison` for two runs, `judge_stability` (per run
+    graded with every vote drawn, else null with `judge_stability_reason`) and `cost` when
+    the graded rows carry generation cost."""
     runs = {name: graded_rows(rows) for name, rows in runs.items()}
-    out: dict = {"runs": {name: run_summary(rows) for name, rows in runs.items()}}
+    out: dict = {"runs": {name: run_summary(rows, typer) for name, rows in runs.items()}, "rubric_typer": typer_name}
     names = list(runs)
     if len(names) == 2:
         out["comparison"] = compare(runs[names[0]], runs[names[1]])
     stability = {name: judge_stability(rows) for name, rows in runs.items()}
     stability = {k: v for k, v in stability.items() if v is not None}
-    if stability:
-        out["judge_stability"] = stability
+    out["judge_stability"] = stability or None
+    reason = stability_reason(runs, stability)
+    if reason:
+        out["judge_stability_reason"] = reason
     cost = {name: cost_summary(rows) for name, rows in runs.items()}
     cost = {k: v for k, v in cost.items() if v is not None}
     if cost:

@@ -1,9 +1,11 @@
-"""The report as Markdown tables, in the order of the paper's tables; `compare` as Markdown."""
+"""The report's tables (one list, rendered as Markdown here and as HTML by `html`); `compare` as Markdown."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from cg_dspy.evaluation.data import LENGTH_BINS
-from cg_dspy.reports.analysis import NEAR_MISS_BINS, RUBRIC_TYPES
+from cg_dspy.reports.analysis import NEAR_MISS_BINS, RUBRIC_TYPES, comparisons
 
 
 def _fmt(value) -> str:
@@ -21,7 +23,7 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def _rates(title: str, runs: dict, key: str) -> str:
+def _rates(title: str, runs: dict, key: str) -> Table:
     names = list(runs)
     groups = sorted({g for r in runs.values() for g in r[key]}, key=lambda g: (
         LENGTH_BINS.index(g) if g in LENGTH_BINS else -1, g))
@@ -32,45 +34,69 @@ def _rates(title: str, runs: dict, key: str) -> str:
             cell = runs[n][key].get(g)
             cells.append(f"{_fmt(cell['task_solving_rate'])} ({cell['solved']}/{cell['tasks']})" if cell else "–")
         rows.append([g, *cells])
-    return f"### {title}\n\n" + _table([key.replace("by_", "").replace("_", " "), *names], rows)
+    return Table(title, [key.replace("by_", "").replace("_", " "), *names], rows)
+
+
+@dataclass
+class Table:
+    """One table of the report: what Markdown and HTML both render."""
+
+    title: str
+    header: list[str]
+    rows: list[list]
+    level: int = 3
+    note: str = ""
+
+
+COST_KEYS = ("lm_calls_per_task", "cached_answers_per_task", "prompt_tokens_per_task", "prefilled_tokens_per_task",
+             "completion_tokens_per_task", "truncated_replies_per_task", "seconds_per_task")
+
+
+def tables(result: dict) -> list[Table]:
+    """The report's tables, in the order of the paper's tables."""
+    runs = result["runs"]
+    names = list(runs)
+    out = [Table("Task-solving rate (%)", ["run", "tasks", "solved", "TSR"],
+                 [[n, runs[n]["tasks"], runs[n]["solved"], runs[n]["task_solving_rate"]] for n in names], level=2)]
+    for key, title in (("by_category", "By category"), ("by_sub_category", "By sub-category"),
+                       ("by_length_bin", "By input length (cl100k_base tokens)")):
+        out.append(_rates(title, runs, key))
+    out.append(Table("Near-miss distribution (tasks by unsatisfied requirements)", ["run", *NEAR_MISS_BINS],
+                     [[n, *runs[n]["near_miss"].values()] for n in names]))
+    typer = result.get("rubric_typer") or "keyword"
+    out.append(Table("Failure rate by requirement type (%, task-averaged)", ["type", *names],
+                     [[t, *(runs[n]["rubric_type_failure"][t] for n in names)] for t in RUBRIC_TYPES],
+                     note=f"Requirement types by the {typer} typer."))
+    for (before, after), c in comparisons(result).items():
+        title = f"{before} -> {after}"
+        out.append(Table(f"{title}: migration (rows: before, columns: after)", ["before \\ after", *NEAR_MISS_BINS],
+                         [[b, *c["migration"][b].values()] for b in NEAR_MISS_BINS], level=2))
+        out.append(Table(f"{title}: repair and regression", ["measure", "value"],
+                         [[k, v] for k, v in c.items() if k != "migration"]))
+    if result.get("cost"):
+        out.append(Table("Generation cost per task", ["run", *COST_KEYS],
+                         [[n, *(c[k] for k in COST_KEYS)] for n, c in result["cost"].items()]))
+    stability = result.get("judge_stability")
+    for name, s in (stability or {}).items():
+        out.append(Table(f"Judge stability: {name} (K = {s['votes']}, every vote drawn)",
+                         ["level", "instances", "single-vote agreement", "majority-vote agreement"],
+                         [[lvl, s[lvl]["instances"], s[lvl]["single_vote_agreement"],
+                           s[lvl]["majority_vote_agreement"]] for lvl in ("requirement", "task")]))
+    if result.get("judge_stability_reason"):
+        out.append(Table("Judge stability", [], [], note=result["judge_stability_reason"]))
+    return out
 
 
 def to_markdown(result: dict) -> str:
     """The report as Markdown tables, in the order of the paper's tables."""
-    runs = result["runs"]
-    names = list(runs)
-    out = ["## Task-solving rate (%)\n", _table(
-        ["run", "tasks", "solved", "TSR"],
-        [[n, runs[n]["tasks"], runs[n]["solved"], runs[n]["task_solving_rate"]] for n in names])]
-    for key, title in (("by_category", "By category"), ("by_sub_category", "By sub-category"),
-                       ("by_length_bin", "By input length (cl100k_base tokens)")):
-        out.append("\n" + _rates(title, runs, key))
-    out.append("\n### Near-miss distribution (tasks by unsatisfied requirements)\n")
-    out.append(_table(["run", *NEAR_MISS_BINS], [[n, *runs[n]["near_miss"].values()] for n in names]))
-    out.append("\n### Failure rate by requirement type (%, task-averaged)\n")
-    out.append(_table(["type", *names], [[t, *(runs[n]["rubric_type_failure"][t] for n in names)]
-                                         for t in RUBRIC_TYPES]))
-    comparisons = dict(result.get("comparisons") or {})
-    if "comparison" in result:
-        comparisons[f"{names[0]} -> {names[1]}"] = result["comparison"]
-    for title, c in comparisons.items():
-        out.append(f"\n## {title}\n\n### Migration (rows: before, columns: after)\n")
-        out.append(_table(["before \\ after", *NEAR_MISS_BINS],
-                          [[b, *c["migration"][b].values()] for b in NEAR_MISS_BINS]))
-        keys = [k for k in c if k != "migration"]
-        out.append("\n" + _table(["measure", "value"], [[k, c[k]] for k in keys]))
-    if result.get("cost"):
-        keys = ["lm_calls_per_task", "cached_answers_per_task", "prompt_tokens_per_task",
-                "prefilled_tokens_per_task", "completion_tokens_per_task", "truncated_replies_per_task",
-                "seconds_per_task"]
-        out.append("\n### Generation cost per task\n")
-        out.append(_table(["run", *keys], [[n, *(c[k] for k in keys)] for n, c in result["cost"].items()]))
-    for name, s in (result.get("judge_stability") or {}).items():
-        out.append(f"\n### Judge stability: {name} (K = {s['votes']})\n")
-        out.append(_table(["level", "instances", "single-vote agreement", "majority-vote agreement"],
-                          [[lvl, s[lvl]["instances"], s[lvl]["single_vote_agreement"],
-                            s[lvl]["majority_vote_agreement"]] for lvl in ("requirement", "task")]))
-    return "\n".join(out) + "\n"
+    out = []
+    for t in tables(result):
+        out.append(f"{'#' * t.level} {t.title}\n")
+        if t.header:
+            out.append(_table(t.header, t.rows) + "\n")
+        if t.note:
+            out.append(t.note + "\n")
+    return "\n".join(out)
 
 
 def compare_markdown(result: dict) -> str:

@@ -1,4 +1,12 @@
-"""The paper's figures from a report dict: Figure 3, Figure 4 and Table 14's heatmap."""
+"""The paper's figures from a report dict, each readable at a glance.
+
+Figure 3 (sub-categories), Figure 4 (input length), Table 13 as bars (near-miss per
+run), Table 2 as bars (failure per requirement type) and Table 14 as a heatmap. Every
+figure starts its value axis at zero, writes the value on each bar, keeps its legend
+inside, and gives a run the same colour in every figure (`colour`). Each drawing
+function returns what it drew, read back from the bars, so tests compare the picture's
+numbers with the report's tables.
+"""
 
 from __future__ import annotations
 
@@ -10,89 +18,262 @@ matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
 from cg_dspy.evaluation.data import LENGTH_BINS  # noqa: E402
+from cg_dspy.method.program import ABLATIONS  # noqa: E402
 from cg_dspy.method.schemas import CATEGORIES  # noqa: E402
-from cg_dspy.reports.analysis import NEAR_MISS_BINS  # noqa: E402
+from cg_dspy.reports.analysis import NEAR_MISS_BINS, RUBRIC_TYPES, comparisons  # noqa: E402
+
+DPI = 110
+# One colour per method and per ContextGuard ablation, the same in every figure.
+METHOD_COLOURS = {"baseline": "#8c8c8c", "self-refine": "#e6862e", "contextguard": "#2f6db3"}
+ABLATION_COLOURS = dict(zip(ABLATIONS, ("#9b6bc2", "#c8423b", "#3f9e4d", "#22a5b8", "#8a5a44")))
+OTHER_COLOURS = ("#d17aae", "#a6a33a", "#5c5c8a", "#b39b2f", "#4d8f8f")
 
 
-def subcategory_plot(result: dict, path: Path) -> None:
-    """Figure 3: TSR per sub-category, ordered and shaded by macro-category."""
+def colour(label: str, order: int = 0) -> str:
+    """A run's colour from its label ("contextguard (no protection)"); labels that name no
+    known method (file names) take the next free colour of a fixed list."""
+    base, _, rest = label.partition(" (")
+    removed = [part.strip(" )").removeprefix("no ") for part in rest.split(",")] if rest else []
+    if base == "contextguard" and removed:
+        if len(removed) == 1 and removed[0] in ABLATION_COLOURS:
+            return ABLATION_COLOURS[removed[0]]
+        return OTHER_COLOURS[(order + len(removed)) % len(OTHER_COLOURS)]
+    return METHOD_COLOURS.get(base.split(" [")[0], OTHER_COLOURS[order % len(OTHER_COLOURS)])
+
+
+def _colours(names: list[str]) -> dict[str, str]:
+    out, unknown = {}, 0
+    for name in names:
+        out[name] = colour(name, unknown)
+        unknown += out[name] in OTHER_COLOURS
+    return out
+
+
+def _versus(names: list[str]) -> str:
+    return " vs ".join(names) if len(names) <= 3 else f"{len(names)} runs"
+
+
+def _grouped_bars(ax, groups: list[str], series: dict[str, list[float | None]], colours: dict[str, str], *,
+                  horizontal: bool, fmt=lambda v: f"{v:.1f}", fontsize: float = 8, blank=()) -> None:
+    """Bars per group, one per series, each labelled with its value (– when absent; nothing
+    on the groups in `blank`, which are headings)."""
+    n = max(1, len(series))
+    width = 0.8 / n
+    for i, (name, values) in enumerate(series.items()):
+        shown = [g for g in range(len(groups)) if g not in blank]
+        pos = [g - 0.4 + width * (i + 0.5) for g in shown]
+        draw = ax.barh if horizontal else ax.bar
+        bars = draw(pos, [values[g] or 0 for g in shown], width * 0.92, label=name, color=colours[name])
+        labels = [fmt(values[g]) if values[g] is not None else "–" for g in shown]
+        ax.bar_label(bars, labels, padding=2, fontsize=fontsize, rotation=0 if horizontal or n <= 3 else 90)
+
+
+def _value_axis(ax, values, *, horizontal: bool, room: float = 1.18, label: str) -> None:
+    top = max([v for v in values if v is not None] or [0]) or 1
+    (ax.set_xlim if horizontal else ax.set_ylim)(0, top * room)
+    (ax.set_xlabel if horizontal else ax.set_ylabel)(label)
+    ax.grid(axis="x" if horizontal else "y", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
+def _figure(width: float, height: float):
+    """A figure whose layout keeps titles, labels and the legend apart."""
+    return plt.subplots(layout="constrained", figsize=(width, height))
+
+
+def _legend(fig, names: list[str]) -> None:
+    """Runs named once, below the plot and inside the figure, never over a bar."""
+    fig.legend(loc="outside lower center", ncol=min(len(names), 4), fontsize=8, frameon=False)
+
+
+def drawn(fig) -> dict[str, list[float]]:
+    """The bar lengths a figure shows, per series label (what a reader sees)."""
+    out: dict[str, list[float]] = {}
+    for ax in fig.axes:
+        for container in ax.containers:
+            if getattr(container, "orientation", None) is None:
+                continue
+            horizontal = container.orientation == "horizontal"
+            out.setdefault(container.get_label(), []).extend(
+                round(p.get_width() if horizontal else p.get_height(), 2) for p in container.patches)
+    return out
+
+
+def _texts(fig) -> list:
+    """The texts a reader sees: tick labels inside the axis range, axis labels, titles,
+    annotations and legend entries."""
+    out = list(fig.texts)  # the suptitle is one of them
+    for legend in _legends(fig):
+        out += legend.get_texts()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            span = (hi - lo) * 1e-6
+            out += [t.label1 for t in axis.get_major_ticks() if lo - span <= t.get_loc() <= hi + span]
+            out.append(axis.label)
+        out += [*ax.texts, ax.title]
+    return [t for t in dict.fromkeys(out) if t.get_visible() and t.get_text().strip()]
+
+
+def overlapping_text(fig) -> list[tuple[str, str]]:
+    """Pairs of visible texts whose boxes overlap, and texts (or legends) that leave the
+    figure: what makes a figure unreadable; tests expect none."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    frame = fig.bbox
+    boxes = [(t.get_text(), t.get_window_extent(renderer).expanded(0.98, 0.9)) for t in _texts(fig)]
+    legends = [legend.get_window_extent(renderer) for legend in _legends(fig)]
+    bad = [(name, "outside the figure") for name, box in [*boxes, *(("legend", b) for b in legends)]
+           if box.x0 < frame.x0 - 1 or box.y0 < frame.y0 - 1 or box.x1 > frame.x1 + 1 or box.y1 > frame.y1 + 1]
+    for i, (a, box_a) in enumerate(boxes):
+        bad += [(a, b) for b, box_b in boxes[i + 1:] if box_a.overlaps(box_b)]
+    for legend in legends:  # a legend covering a value label hides it
+        bad += [(name, "legend") for name, box in boxes if box.overlaps(legend) and not _inside(box, legend)]
+    return bad
+
+
+def _legends(fig) -> list:
+    return [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+
+
+def _inside(box, outer) -> bool:
+    return box.x0 >= outer.x0 and box.x1 <= outer.x1 and box.y0 >= outer.y0 and box.y1 <= outer.y1
+
+
+def subcategory_figure(result: dict):
+    """Figure 3: TSR per sub-category, grouped under their macro-category (horizontal bars,
+    so long names stay readable)."""
     runs = result["runs"]
     names = list(runs)
     cats = {s: cell["category"] for r in runs.values() for s, cell in r["by_sub_category"].items()}
     order = {c: i for i, c in enumerate(CATEGORIES)}
-    subs = sorted(cats, key=lambda s: (order.get(cats[s], 9), s))
-    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(subs) * max(1, len(names)) + 2), 4.5))
-    width = 0.8 / max(1, len(names))
-    shades = plt.get_cmap("Pastel2")
+    subs = sorted(cats, key=lambda s: (order.get(cats[s], len(order)), s))
+    rows: list[str] = []  # top to bottom: a category heading, then its sub-categories
     for cat in dict.fromkeys(cats[s] for s in subs):
-        idx = [i for i, s in enumerate(subs) if cats[s] == cat]
-        ax.axvspan(idx[0] - 0.5, idx[-1] + 0.5, color=shades(order.get(cat, 7)), alpha=0.5, lw=0)
-        ax.text((idx[0] + idx[-1]) / 2, 103, cat, ha="center", va="bottom", fontsize=8)
-    for i, name in enumerate(names):
-        values = [(runs[name]["by_sub_category"].get(s) or {}).get("task_solving_rate") or 0 for s in subs]
-        ax.bar([j - 0.4 + width * (i + 0.5) for j in range(len(subs))], values, width, label=name)
-    ax.set_xticks(range(len(subs)), subs, rotation=35, ha="right")
-    ax.set_xlim(-0.5, len(subs) - 0.5)
-    ax.set_ylim(0, 112)
-    ax.set_ylabel("Task-solving rate (%)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        rows += [f"[{cat}]"] + [s for s in subs if cats[s] == cat]
+    series = {n: [None if r.startswith("[") else (runs[n]["by_sub_category"].get(r) or {}).get("task_solving_rate")
+                  for r in rows] for n in names}
+    fig, ax = _figure(9, 1.2 + 0.22 * len(rows) * max(1.6, len(names) * 0.9))
+    headings = {i for i, r in enumerate(rows) if r.startswith("[")}
+    _grouped_bars(ax, rows, series, _colours(names), horizontal=True, blank=headings)
+    ax.set_yticks(range(len(rows)), [r.strip("[]") for r in rows])
+    for tick, r in zip(ax.get_yticklabels(), rows):
+        if r.startswith("["):
+            tick.set_fontweight("bold")  # a macro-category heading, its sub-categories below
+    ax.invert_yaxis()
+    _value_axis(ax, [v for vs in series.values() for v in vs], horizontal=True, label="Task-solving rate (%)")
+    fig.suptitle(f"Task-solving rate by sub-category: {_versus(names)}")
+    _legend(fig, names)
+    return fig
 
 
-def length_plot(result: dict, path: Path) -> None:
-    """Figure 4: TSR per input-length bin; the band shows last run's gain over the first."""
+def length_figure(result: dict):
+    """Figure 4: TSR per input-length bin, bars per run; the last run's gain over the first
+    is written above each bin."""
     runs = result["runs"]
     names = list(runs)
     bins = [b for b in LENGTH_BINS if any(b in r["by_length_bin"] for r in runs.values())]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    series = {}
-    for name in names:
-        series[name] = [(runs[name]["by_length_bin"].get(b) or {}).get("task_solving_rate") or 0 for b in bins]
-        ax.plot(bins, series[name], marker="o", label=name)
+    series = {n: [(runs[n]["by_length_bin"].get(b) or {}).get("task_solving_rate") for b in bins] for n in names}
+    fig, ax = _figure(max(6.0, 1.6 + 1.3 * len(bins) * max(1, len(names)) ** 0.5), 4.4)
+    _grouped_bars(ax, bins, series, _colours(names), horizontal=False)
+    values = [v for vs in series.values() for v in vs]
+    _value_axis(ax, values, horizontal=False, room=1.32, label="Task-solving rate (%)")
     if len(names) >= 2:
-        first, last = series[names[0]], series[names[-1]]
-        ax.fill_between(bins, first, last, alpha=0.15, label=f"gain of {names[-1]}")
-        for x, a, b in zip(bins, first, last):
-            ax.annotate(f"Δ{b - a:+.1f}", (x, max(a, b)), textcoords="offset points", xytext=(0, 6), ha="center")
+        top = ax.get_ylim()[1]
+        for x, (a, b) in enumerate(zip(series[names[0]], series[names[-1]])):
+            if a is not None and b is not None:
+                ax.text(x, top * 0.93, f"Δ {b - a:+.1f}", ha="center", va="top", fontsize=9, fontweight="bold",
+                        color=colour(names[-1]) if names[-1] in METHOD_COLOURS else "black")
+    ax.set_xticks(range(len(bins)), bins)
     ax.set_xlabel("Input length (cl100k_base tokens)")
-    ax.set_ylabel("Task-solving rate (%)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fig.suptitle(f"Task-solving rate by input length: {_versus(names)}" +
+                 (f"\n(Δ: {names[-1]} minus {names[0]}, points)" if len(names) >= 2 else ""), fontsize=10)
+    _legend(fig, names)
+    return fig
 
 
-def migration_plot(result: dict, path: Path) -> None:
+def near_miss_figure(result: dict):
+    """Table 13 as bars: tasks per number of unsatisfied requirements, per run (count, share)."""
+    runs = result["runs"]
+    names = list(runs)
+    series = {n: [runs[n]["near_miss"][b] for b in NEAR_MISS_BINS] for n in names}
+    totals = {n: sum(series[n]) or 1 for n in names}
+    fig, ax = _figure(max(7.0, 2 + 1.4 * len(NEAR_MISS_BINS) * max(1, len(names)) ** 0.5), 4.4)
+    colours = _colours(names)
+    width = 0.8 / max(1, len(names))
+    for i, n in enumerate(names):
+        pos = [g - 0.4 + width * (i + 0.5) for g in range(len(NEAR_MISS_BINS))]
+        bars = ax.bar(pos, series[n], width * 0.92, label=n, color=colours[n])
+        labels = [f"{v}\n{100 * v / totals[n]:.1f}%" for v in series[n]]
+        ax.bar_label(bars, labels, padding=2, fontsize=7 if len(names) > 2 else 8)
+    _value_axis(ax, [v for vs in series.values() for v in vs], horizontal=False, room=1.3, label="tasks")
+    ax.set_xticks(range(len(NEAR_MISS_BINS)), [f"{b} failed" for b in NEAR_MISS_BINS])
+    ax.set_xlabel("Unsatisfied requirements per task (0 = solved)")
+    fig.suptitle(f"Near-miss distribution: {_versus(names)}")
+    _legend(fig, names)
+    return fig
+
+
+def rubric_type_figure(result: dict):
+    """Table 2 as bars: failure rate per requirement type, per run (lower is better)."""
+    runs = result["runs"]
+    names = list(runs)
+    series = {n: [runs[n]["rubric_type_failure"][t] for t in RUBRIC_TYPES] for n in names}
+    fig, ax = _figure(8.5, 1.4 + 0.5 * len(RUBRIC_TYPES) * max(1.0, len(names) * 0.6))
+    _grouped_bars(ax, list(RUBRIC_TYPES), series, _colours(names), horizontal=True)
+    ax.set_yticks(range(len(RUBRIC_TYPES)), RUBRIC_TYPES)
+    ax.invert_yaxis()
+    _value_axis(ax, [v for vs in series.values() for v in vs], horizontal=True, room=1.3,
+                label="Failure rate (%, task-averaged within each type; lower is better)")
+    typer = result.get("rubric_typer") or "keyword"
+    fig.suptitle(f"Failure rate by requirement type: {_versus(names)}\n(types by the {typer} typer)", fontsize=10)
+    _legend(fig, names)
+    return fig
+
+
+def migration_figure(result: dict, before: str, after: str, comparison: dict):
     """Table 14 as a heatmap: tasks by failed requirements before (rows) and after."""
-    matrix = result["comparison"]["migration"]
+    matrix = comparison["migration"]
     values = [[matrix[b][a] for a in NEAR_MISS_BINS] for b in NEAR_MISS_BINS]
-    fig, ax = plt.subplots(figsize=(5, 4))
+    fig, ax = _figure(6.4, 5.0)
     im = ax.imshow(values, cmap="Blues")
     top = max(max(row) for row in values) or 1
     for i, row in enumerate(values):
         for j, v in enumerate(row):
-            ax.text(j, i, str(v), ha="center", va="center", color="white" if v > top / 2 else "black")
-    names = list(result["runs"])
+            ax.text(j, i, str(v), ha="center", va="center", fontsize=9,
+                    color="white" if v > top / 2 else "black", fontweight="bold" if i == j else None)
     ax.set_xticks(range(len(NEAR_MISS_BINS)), NEAR_MISS_BINS)
-    ax.set_yticks(range(len(NEAR_MISS_BINS)), NEAR_MISS_BINS)
-    ax.set_xlabel(f"failed requirements after ({names[1]})")
-    ax.set_ylabel(f"failed requirements before ({names[0]})")
-    fig.colorbar(im, ax=ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    ax.set_yticks(range(len(NEAR_MISS_BINS)), [f"{b} ({sum(r)})" for b, r in zip(NEAR_MISS_BINS, values)])
+    ax.set_xlabel(f"failed requirements after: {after}")
+    ax.set_ylabel(f"failed requirements before: {before} (tasks)")
+    fig.suptitle(f"Near-miss migration: {before} → {after}\n(left of the diagonal: fewer failures)", fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="tasks")
+    return fig, values
+
+
+def figures(result: dict) -> dict[str, object]:
+    """Every figure the report supports, by file stem, as matplotlib figures."""
+    out = {"tsr_by_sub_category": subcategory_figure(result), "tsr_by_length": length_figure(result),
+           "near_miss": near_miss_figure(result), "rubric_type_failure": rubric_type_figure(result)}
+    paired = comparisons(result)
+    for (before, after), comparison in paired.items():
+        stem = "migration" if len(paired) == 1 else f"migration_{_slug(after)}"
+        out[stem] = migration_figure(result, before, after, comparison)[0]
+    return out
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text).strip("_")
 
 
 def write_all(result: dict, directory: str | Path) -> list[Path]:
-    """Every figure the report supports; returns the files written."""
+    """Every figure as a PNG in `directory`; returns the files written."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    written = [out / "tsr_by_sub_category.png", out / "tsr_by_length.png"]
-    subcategory_plot(result, written[0])
-    length_plot(result, written[1])
-    if "comparison" in result:
-        written.append(out / "migration.png")
-        migration_plot(result, written[-1])
+    written = []
+    for stem, fig in figures(result).items():
+        path = out / f"{stem}.png"
+        fig.savefig(path, dpi=DPI)
+        plt.close(fig)
+        written.append(path)
     return written

@@ -1,0 +1,77 @@
+"""The report as one self-contained HTML page: every table and every figure inline (PNG
+as data URIs), no script and no network, so it opens anywhere and can be mailed."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+from pathlib import Path
+
+from cg_dspy.evaluation.store import OutputRefused
+from cg_dspy.reports import markdown, plots
+
+GENERATOR = '<meta name="generator" content="contextguard report">'
+
+STYLE = """body{font:15px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
+th:first-child,td:first-child{text-align:left}th{background:#f3f3f3}figure{margin:1em 0 2em}
+img{max-width:100%;height:auto;border:1px solid #eee}figcaption{color:#555;font-size:13px}
+.note{color:#555}nav a{margin-right:1em}"""
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "–"
+    return html.escape(f"{value:.2f}" if isinstance(value, float) else str(value))
+
+
+def _table(t: markdown.Table) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in t.header)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in t.rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>" if t.header else ""
+
+
+def png_uri(fig) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=plots.DPI)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def to_html(result: dict, *, title: str = "ContextGuard report") -> str:
+    """The page: figures first (what a reader looks at), then every table of the report."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    for stem, fig in plots.figures(result).items():
+        caption = fig.get_suptitle().replace("\n", " ") or stem
+        figures.append(f'<figure id="{stem}"><img alt="{html.escape(caption)}" src="{png_uri(fig)}">'
+                       f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+        plt.close(fig)
+    sections = []
+    for t in markdown.tables(result):
+        note = f'<p class="note">{html.escape(t.note)}</p>' if t.note else ""
+        sections.append(f"<h{t.level}>{html.escape(t.title)}</h{t.level}>{_table(t)}{note}")
+    runs = ", ".join(html.escape(n) for n in result["runs"])
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"{GENERATOR}<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>Runs: {runs}</p>"
+            '<nav><a href="#figures">Figures</a><a href="#tables">Tables</a></nav>'
+            f'<h2 id="figures">Figures</h2>{"".join(figures)}<div id="tables">{"".join(sections)}</div>'
+            "</body></html>\n")
+
+
+def write(result: dict, path: str | Path) -> Path:
+    """Write the page atomically; an existing file is replaced only if it is one of ours."""
+    path = Path(path)
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise OutputRefused(f"{path}: --html names an .html file")
+    if path.exists():
+        head = path.read_bytes()[:4096]
+        if GENERATOR.encode() not in head:
+            raise OutputRefused(f"{path}: exists and is not a contextguard report; not overwritten")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(to_html(result), encoding="utf-8")
+    os.replace(partial, path)
+    return path

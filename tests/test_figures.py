@@ -1,0 +1,129 @@
+"""Figures and the HTML report from graded fixtures: what each figure draws equals the
+report's tables, no text overlaps or leaves the figure, a run keeps its colour, runs are
+named by method, and report.html holds every table and figure inline."""
+
+import json
+import re
+
+import pytest
+from conftest import cli
+from table14 import TABLE_14, table14_rows
+
+from cg_dspy.evaluation.data import LENGTH_BINS
+from cg_dspy.reports import analysis, html, markdown, plots
+from cg_dspy.reports.analysis import NEAR_MISS_BINS, RUBRIC_TYPES
+
+
+@pytest.fixture(scope="module")
+def table14():
+    before, after = table14_rows()
+    return analysis.report(analysis.runs_by_label({"before.jsonl": before, "after.jsonl": after}))
+
+
+def three_methods():
+    """baseline, self-refine and contextguard on the same 1,899 tasks (self-refine: the
+    baseline with every fourth task's first failure repaired)."""
+    before, after = table14_rows()
+    refined = []
+    for i, r in enumerate(before):
+        status = list(r["requirement_status"])
+        if i % 4 == 0 and "no" in status:
+            status[status.index("no")] = "yes"
+        refined.append({**r, "method": "self-refine", "requirement_status": status,
+                        "score": int(all(s == "yes" for s in status))})
+    return {"b.jsonl": before, "s.jsonl": refined, "c.jsonl": after}
+
+
+def test_table14_figures_draw_the_report_numbers_without_overlapping_text(table14):
+    runs = table14["runs"]
+    assert list(runs) == ["baseline", "contextguard"]  # named by method, not by file
+    assert (runs["baseline"]["task_solving_rate"], runs["contextguard"]["task_solving_rate"]) == (9.64, 13.85)
+    figs = plots.figures(table14)
+    assert list(figs) == ["tsr_by_sub_category", "tsr_by_length", "near_miss", "rubric_type_failure", "migration"]
+    for stem, fig in figs.items():
+        assert plots.overlapping_text(fig) == [], stem
+    subs = [s for s in sorted(runs["baseline"]["by_sub_category"],
+                              key=lambda s: (plots.CATEGORIES.index(runs["baseline"]["by_sub_category"][s]["category"]),
+                                             s))]
+    assert len(subs) == 18
+    for name, run in runs.items():
+        assert plots.drawn(figs["tsr_by_sub_category"])[name] == [run["by_sub_category"][s]["task_solving_rate"]
+                                                                  for s in subs]
+        assert plots.drawn(figs["tsr_by_length"])[name] == [run["by_length_bin"][b]["task_solving_rate"]
+                                                            for b in LENGTH_BINS]
+        assert plots.drawn(figs["near_miss"])[name] == [run["near_miss"][b] for b in NEAR_MISS_BINS]
+        assert plots.drawn(figs["rubric_type_failure"])[name] == [run["rubric_type_failure"][t]
+                                                                  for t in RUBRIC_TYPES]
+    # Table 13's counts, as the paper prints them
+    assert plots.drawn(figs["near_miss"])["baseline"] == [183, 243, 567, 700, 206]
+    assert plots.drawn(figs["near_miss"])["contextguard"] == [263, 205, 584, 666, 181]
+    _, matrix = plots.migration_figure(table14, "baseline", "contextguard", table14["comparison"])
+    assert matrix == [list(row) for row in TABLE_14.values()]
+    # the value axis starts at zero and leaves the largest bar room for its label
+    ax = figs["tsr_by_sub_category"].axes[0]
+    assert ax.get_xlim()[0] == 0 and 15.2 < ax.get_xlim()[1] < 20
+    ax = figs["tsr_by_length"].axes[0]
+    deltas = [t.get_text() for t in ax.texts if t.get_text().startswith("Δ")]
+    assert len(deltas) == len(LENGTH_BINS) and all(t.get_position()[1] < ax.get_ylim()[1] for t in ax.texts)
+    values = {t.get_text() for t in ax.texts}
+    assert {f"{runs['contextguard']['by_length_bin'][b]['task_solving_rate']:.1f}" for b in LENGTH_BINS} <= values
+
+
+def test_three_methods_keep_their_colours_and_labels_in_every_figure():
+    rep = analysis.report(analysis.runs_by_label(three_methods()))
+    assert list(rep["runs"]) == ["baseline", "self-refine", "contextguard"]
+    figs = plots.figures(rep)
+    assert "migration" not in figs  # no pair: no migration
+    for stem, fig in figs.items():
+        assert plots.overlapping_text(fig) == [], stem
+        colours = {}
+        for container in (c for ax in fig.axes for c in ax.containers):
+            colours[container.get_label()] = container.patches[0].get_facecolor()
+        assert colours == {n: plots.matplotlib.colors.to_rgba(plots.colour(n)) for n in rep["runs"]}, stem
+    assert len({plots.colour(n) for n in ("baseline", "self-refine", "contextguard", "contextguard (no guard)",
+                                          "contextguard (no protection)", "contextguard (no reminder)")}) == 6
+
+
+def test_one_length_bin_still_shows_bars_values_and_the_gain():
+    rows = [{"idx": f"t{i}", "messages": [{"role": "user", "content": "short"}], "rubrics": ["r1", "r2"],
+             "metadata": {"task_id": f"t{i}", "context_id": "c", "context_category": "Domain Knowledge Reasoning",
+                          "sub_category": "Science"},
+             "requirement_status": ["yes", "yes" if i < 3 else "no"], "method": m}
+            for m in ("baseline", "contextguard") for i in range(5 if m == "baseline" else 6)]
+    for r in rows:
+        r["score"] = int(all(s == "yes" for s in r["requirement_status"]))
+    rep = analysis.report(analysis.runs_by_label({"a.jsonl": rows[:5], "b.jsonl": rows[5:]}))
+    fig = plots.length_figure(rep)
+    assert plots.drawn(fig) == {"baseline": [60.0], "contextguard": [50.0]}
+    assert "Δ -10.0" in [t.get_text() for t in fig.axes[0].texts] and plots.overlapping_text(fig) == []
+
+
+def test_html_report_holds_every_table_and_figure_inline(table14, tmp_path):
+    page = html.to_html(table14)
+    for t in markdown.tables(table14):
+        assert f">{t.title}</h{t.level}>" in page.replace("&gt;", ">").replace("&amp;", "&")
+    images = re.findall(r'<img alt="[^"]*" src="([^"]+)"', page)
+    assert len(images) == len(plots.figures(table14)) == 5
+    assert all(src.startswith("data:image/png;base64,") for src in images)
+    assert not re.search(r"(src|href)=\"(https?:)?//", page)  # nothing fetched from a network
+    assert "<td>9.64</td>" in page and "<td>13.85</td>" in page
+
+
+def test_report_html_from_the_cli_and_it_never_overwrites_a_file_that_is_not_a_report(tmp_path):
+    before, after = table14_rows()
+    paths = []
+    for name, rows in (("before.jsonl", before[:200]), ("after.jsonl", after[:200])):
+        paths.append(tmp_path / name)
+        paths[-1].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page, plots_dir = tmp_path / "report.html", tmp_path / "plots"
+    done = cli("report", *map(str, paths), "--html", str(page), "--plots", str(plots_dir), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in plots_dir.iterdir()) == sorted(f"{s}.png" for s in (
+        "tsr_by_sub_category", "tsr_by_length", "near_miss", "rubric_type_failure", "migration"))
+    assert page.read_text().count("<img ") == 5
+    assert cli("report", *map(str, paths), "--html", str(page)).returncode == 0  # ours: replaced
+    notes = tmp_path / "notes.html"
+    notes.write_text("<html>my notes</html>")
+    done = cli("report", *map(str, paths), "--html", str(notes))
+    assert done.returncode == 2 and "not a contextguard report" in done.stderr
+    assert notes.read_text() == "<html>my notes</html>"
