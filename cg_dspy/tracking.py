@@ -300,6 +300,7 @@ def write_traces() -> None:
     threading.Thread(target=lambda: [lines.put(x) for x in sys.stdin] + [lines.put(None)], daemon=True).start()
     written: dict[str, str] = {}  # task id -> trace id, for the traces this writer wrote
     found = _TraceFinder(written, run_id)
+    linked: set[str] = set()
     done = False
     while not done:
         batch = [lines.get()]
@@ -320,9 +321,16 @@ def write_traces() -> None:
                 client.log_spans(experiment_id, spans)  # creates the traces, tags and all
                 for i in range(0, len(new), 100):  # the store links at most 100 per call
                     runs.link_traces_to_run(new[i:i + 100], run_id)
+                linked.update(new)
+            graded = []  # traces of another run (`run`'s, when `eval` grades them) get linked here too
             for message in messages:
-                if "verdicts" in message:
-                    _log_row_verdicts(message["verdicts"], found, message["judge"])
+                if "verdicts" in message and _log_row_verdicts(message["verdicts"], found, message["judge"]):
+                    trace_id = found(message["verdicts"])
+                    if trace_id not in linked:
+                        graded.append(trace_id)
+                        linked.add(trace_id)
+            for i in range(0, len(graded), 100):
+                runs.link_traces_to_run(graded[i:i + 100], run_id)
         except Exception as error:  # a store that fails loses these traces, never the run
             logging.getLogger(__name__).warning("could not write %d trace(s): %s", len(batch), error)
     sys.stderr.flush()
@@ -445,10 +453,14 @@ def _log_row_verdicts(row: dict, find, judge: str) -> int:
     logged = 0
     try:
         for i, (rubric, status) in enumerate(zip(rubrics, row.get("requirement_status") or [])):
+            voted = votes[i] if i < len(votes) else []
+            # The UI shows an assessment's rationale, not its metadata: say there what was checked.
+            rationale = "\n\n".join(filter(None, [reasons[i], f"Requirement: {rubric[:2000]}",
+                                                   f"Votes: {', '.join(voted)}" if voted else ""]))
             _mlflow().log_feedback(trace_id=trace_id, name=f"R{i + 1:02d}", value=status == "yes", source=source,
-                                   rationale=reasons[i] or None,
+                                   rationale=rationale,
                                    metadata={"rubric": rubric[:2000],
-                                             "votes": ",".join(votes[i] if i < len(votes) else [])})
+                                             "votes": ",".join(voted)})
             logged += 1
     except MlflowException:
         pass  # the trace is not in this store (a results file from elsewhere)

@@ -125,6 +125,8 @@ def test_run_and_eval_trace_every_task_by_stage_with_one_assessment_per_rubric(t
         assert [a.name for a in assessments] == [f"R{i + 1:02d}" for i in range(len(row["rubrics"]))]
         assert [a.value for a in assessments] == [s == "yes" for s in verdicts[idx]["requirement_status"]]
         assert all(a.metadata["rubric"] == rubric for a, rubric in zip(assessments, row["rubrics"]))
+    # the eval run's page lists the traces it graded (they were written by the run)
+    assert set(tracking.trace_ids(runs["eval"].info.run_id).values()) == set(ids.values())
 
 
 def test_eval_of_an_untraced_results_file_traces_the_grading(tmp_path):
@@ -146,6 +148,8 @@ def test_eval_of_an_untraced_results_file_traces_the_grading(tmp_path):
     assert rows["demo-dk-1"]["cg_dspy"]["trace"] == {"run_id": run.info.run_id}
     dk = mlflow.get_trace(tracking.trace_ids(run.info.run_id)["demo-dk-1"])
     verdicts = {a.name: (a.value, a.rationale) for a in dk.info.assessments}
-    assert verdicts["R04"] == (False, "no closing line")  # the one rubric that names Brightwater
+    assert verdicts["R04"][0] is False  # the one rubric that names Brightwater
+    rubric = rows["demo-dk-1"]["rubrics"][3]
+    assert verdicts["R04"][1].startswith("no closing line\n\nRequirement: " + rubric)  # what failed, in the UI
     assert [verdicts[f"R0{i}"][0] for i in (1, 2, 3)] == [True, True, True]
     assert rows["demo-dk-1"]["requirement_status"] == ["yes", "yes", "yes", "no"]
