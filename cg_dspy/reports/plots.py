@@ -54,7 +54,7 @@ def _versus(names: list[str]) -> str:
 
 
 def _grouped_bars(ax, groups: list[str], series: dict[str, list[float | None]], colours: dict[str, str], *,
-                  horizontal: bool, fmt=lambda v: f"{v:.1f}", fontsize: float = 8, blank=()) -> None:
+                  horizontal: bool, fmt=lambda name, v: f"{v:.1f}", fontsize: float = 8, blank=()) -> None:
     """Bars per group, one per series, each labelled with its value (– when absent; nothing
     on the groups in `blank`, which are headings)."""
     n = max(1, len(series))
@@ -64,7 +64,7 @@ def _grouped_bars(ax, groups: list[str], series: dict[str, list[float | None]], 
         pos = [g - 0.4 + width * (i + 0.5) for g in shown]
         draw = ax.barh if horizontal else ax.bar
         bars = draw(pos, [values[g] or 0 for g in shown], width * 0.92, label=name, color=colours[name])
-        labels = [fmt(values[g]) if values[g] is not None else "–" for g in shown]
+        labels = [fmt(name, values[g]) if values[g] is not None else "–" for g in shown]
         ax.bar_label(bars, labels, padding=2, fontsize=fontsize, rotation=0 if horizontal or n <= 3 else 90)
 
 
@@ -199,13 +199,8 @@ def near_miss_figure(result: dict):
     series = {n: [runs[n]["near_miss"][b] for b in NEAR_MISS_BINS] for n in names}
     totals = {n: sum(series[n]) or 1 for n in names}
     fig, ax = _figure(max(7.0, 2 + 1.4 * len(NEAR_MISS_BINS) * max(1, len(names)) ** 0.5), 4.4)
-    colours = _colours(names)
-    width = 0.8 / max(1, len(names))
-    for i, n in enumerate(names):
-        pos = [g - 0.4 + width * (i + 0.5) for g in range(len(NEAR_MISS_BINS))]
-        bars = ax.bar(pos, series[n], width * 0.92, label=n, color=colours[n])
-        labels = [f"{v}\n{100 * v / totals[n]:.1f}%" for v in series[n]]
-        ax.bar_label(bars, labels, padding=2, fontsize=7 if len(names) > 2 else 8)
+    _grouped_bars(ax, list(NEAR_MISS_BINS), series, _colours(names), horizontal=False,
+                  fmt=lambda name, v: f"{v}\n{100 * v / totals[name]:.1f}%", fontsize=7 if len(names) > 2 else 8)
     _value_axis(ax, [v for vs in series.values() for v in vs], horizontal=False, room=1.3, label="tasks")
     ax.set_xticks(range(len(NEAR_MISS_BINS)), [f"{b} failed" for b in NEAR_MISS_BINS])
     ax.set_xlabel("Unsatisfied requirements per task (0 = solved)")
