@@ -158,6 +158,12 @@ _RUN_ID = re.compile(r"[0-9a-f]{32}")
 _TRACE_ID = re.compile(r"tr-[0-9a-f]{32}")
 
 
+def _outputs(outputs: dict | None, attributes: dict) -> dict | None:
+    """A span's outputs: what the stage produced, or a task's final answer."""
+    answer = attributes.pop("answer", None)
+    return outputs if outputs is not None else None if answer is None else {"answer": answer}
+
+
 class _Span:
     """A live MLflow span as the method's stages see it (the inline tracer)."""
 
@@ -165,10 +171,10 @@ class _Span:
         self.live = live
         self.trace_ref = {"trace_id": live.trace_id}
 
-    def set(self, **attributes) -> None:
-        answer = attributes.pop("answer", None)
-        if answer is not None:
-            self.live.set_outputs({"answer": answer})
+    def set(self, outputs: dict | None = None, **attributes) -> None:
+        outputs = _outputs(outputs, attributes)
+        if outputs is not None:
+            self.live.set_outputs(outputs)
         self.live.set_attributes({k: v for k, v in attributes.items() if v is not None})
 
 
@@ -187,10 +193,10 @@ class _Recorded:
         self.node = node
         self.trace_ref = {"run_id": run_id}
 
-    def set(self, **attributes) -> None:
-        answer = attributes.pop("answer", None)
-        if answer is not None:
-            self.node["outputs"] = {"answer": answer}
+    def set(self, outputs: dict | None = None, **attributes) -> None:
+        outputs = _outputs(outputs, attributes)
+        if outputs is not None:
+            self.node["outputs"] = outputs
         self.node["attributes"].update({k: v for k, v in attributes.items() if v is not None})
 
 

@@ -117,6 +117,10 @@ def test_run_and_eval_trace_every_task_by_stage_with_one_assessment_per_rubric(t
         assert set(names) <= {"contextguard", "draft", "audit", "format_check", "procedure_check", "revise", "guard"}
         audit = next(s for s in trace.data.spans if s.name == "audit")
         assert audit.attributes["calls"] == 1 and "prompt_tokens" in audit.attributes
+        # what the audit said is on its span (the UI shows a span's outputs)
+        assert {"confirmed_correct", "confirmed_data", "possibly_missed", "possibly_wrong"} <= set(audit.outputs)
+        draft = next(s for s in trace.data.spans if s.name == "draft")
+        assert draft.outputs["answer"] == rows[trace.info.tags["cg_dspy.task_id"]]["trace"]["draft"]
         assert trace.data.spans[0].attributes["path"] == "early-return"
     verdicts = {x["idx"]: x for x in read_rows(graded)}
     for idx, row in rows.items():

@@ -242,3 +242,13 @@ def test_saved_program_rebuilds_with_its_configuration(tmp_path, layout):
     SelfRefine().save(str(tmp_path / "s.json"))
     refine = load_program(tmp_path / "s.json")
     assert isinstance(refine, SelfRefine) and refine.layout == layout
+
+
+def test_findings_listed_as_plain_strings_are_findings_not_a_failed_stage(proc_task):
+    """Real models often answer `possibly_wrong: ["..."]` instead of objects with a text."""
+    plain = {"confirmed_correct": ["Step 2: oven on to 220 C"], "confirmed_data": [],
+             "possibly_missed": [], "possibly_wrong": ["unlocking the door despite the fridge"]}
+    pred, engine = run(ContextGuard(), proc_task, script(audit=plain))
+    assert engine.stages() == ["draft", "audit", "procedure", "revise"]
+    assert pred.path == "revised" and pred.answer == REVISED
+    assert [i.text for i in pred.fix_set] == ["unlocking the door despite the fridge"]

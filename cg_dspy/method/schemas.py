@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 CATEGORIES: tuple[str, ...] = (
     "Domain Knowledge Reasoning",
@@ -74,6 +74,12 @@ class AuditItem(BaseModel):
 
     text: ItemText
     issue_type: IssueType | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_text(cls, value: object) -> object:
+        """Real models often list findings as plain strings: each is a finding's text."""
+        return {"text": value} if isinstance(value, str) else value
 
     @field_validator("issue_type", mode="before")
     @classmethod

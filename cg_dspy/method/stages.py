@@ -87,10 +87,13 @@ class Stages:
     def run(self, name: str, predictor, /, **inputs):
         """Call `predictor(**inputs)` as stage `name`; raise StageFailure on bad output."""
         with span(name) as watched:
+            out = None
             try:
-                return self._attempts(name, predictor, inputs)
+                out = self._attempts(name, predictor, inputs)
+                return out
             finally:
-                watched.set(**self.cost[name], failures=[f for f in self.failures if f.startswith(f"{name}:")])
+                watched.set(**self.cost[name], failures=[f for f in self.failures if f.startswith(f"{name}:")],
+                            outputs=None if out is None or watched is _UNWATCHED else shown(out))
 
     def _attempts(self, name: str, predictor, inputs: dict):
         for attempt in range(PARSE_ATTEMPTS):
@@ -127,6 +130,13 @@ class Stages:
             entry["cached_prompt_tokens"] += fact.cached_prompt_tokens
             if fact.structured_output:
                 self.structured_output[name] = fact.structured_output
+
+
+def shown(prediction) -> dict:
+    """A stage's typed outputs as plain JSON values: what its span shows as outputs
+    (the audit's quadrants, a checker's report, the revised answer)."""
+    return {k: [i.model_dump() if isinstance(i, pydantic.BaseModel) else i for i in v] if isinstance(v, list)
+            else v.model_dump() if isinstance(v, pydantic.BaseModel) else v for k, v in prediction.items()}
 
 
 def cost_totals(stage_costs) -> dict[str, int]:
