@@ -80,6 +80,10 @@ def test_three_methods_keep_their_colours_and_labels_in_every_figure():
         for container in (c for ax in fig.axes for c in ax.containers):
             colours[container.get_label()] = container.patches[0].get_facecolor()
         assert colours == {n: plots.matplotlib.colors.to_rgba(plots.colour(n)) for n in rep["runs"]}, stem
+    ax = figs["tsr_by_length"].axes[0]  # the gain written is ContextGuard's over the baseline
+    gains = [t.get_text() for t in ax.texts if t.get_text().startswith("Δ")]
+    tsr = {n: [r["by_length_bin"][b]["task_solving_rate"] for b in LENGTH_BINS] for n, r in rep["runs"].items()}
+    assert gains == [f"Δ {c - b:+.1f}" for b, c in zip(tsr["baseline"], tsr["contextguard"])]
     assert len({plots.colour(n) for n in ("baseline", "self-refine", "contextguard", "contextguard (no guard)",
                                           "contextguard (no protection)", "contextguard (no reminder)")}) == 6
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from cg_dspy.evaluation import harness, judge
 from cg_dspy.method import build_program
+from cg_dspy.method.program import ABLATIONS
 from cg_dspy.reports import analysis, html, markdown, plots
 
 
@@ -45,6 +46,16 @@ def ordered(methods: list[str]) -> list[str]:
     return sorted(wanted, key=lambda m: (m != "baseline", m != "contextguard"))
 
 
+def reading_order(method: str) -> tuple[int, int]:
+    """How a reader expects methods in tables and figures: the baseline, Self-Refine,
+    ContextGuard, then its ablations in the paper's order."""
+    main = ("baseline", "self-refine", "contextguard")
+    if method in main:
+        return main.index(method), 0
+    removed = method.removeprefix("contextguard-no-")
+    return len(main), ABLATIONS.index(removed) if removed in ABLATIONS else len(ABLATIONS)
+
+
 def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol="rubric", threads=4,
               progress=True, early_stop=True, force=False, resume_anyway=False, inputs=(),
               layout="chat", typer=None) -> BenchResult:
@@ -73,6 +84,7 @@ def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol=
             result.interrupted = True
             return result
         graded_runs[method] = graded.rows
+    graded_runs = {m: graded_runs[m] for m in sorted(graded_runs, key=reading_order)}
     typed = {}
     if typer is not None:
         typer.type_files({str(out_dir / f"{m}.graded.jsonl"): rows for m, rows in graded_runs.items()})

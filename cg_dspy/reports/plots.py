@@ -167,9 +167,16 @@ def subcategory_figure(result: dict):
     return fig
 
 
+def gain_pair(names: list[str]) -> tuple[str, str]:
+    """Whose gain over whom Figure 4 writes: ContextGuard over the baseline when both ran,
+    else the last run over the first."""
+    base = "baseline" if "baseline" in names else names[0]
+    return base, "contextguard" if "contextguard" in names else names[-1]
+
+
 def length_figure(result: dict):
-    """Figure 4: TSR per input-length bin, bars per run; the last run's gain over the first
-    is written above each bin."""
+    """Figure 4: TSR per input-length bin, bars per run; the gain of `gain_pair` is
+    written above each bin."""
     runs = result["runs"]
     names = list(runs)
     bins = [b for b in LENGTH_BINS if any(b in r["by_length_bin"] for r in runs.values())]
@@ -178,16 +185,17 @@ def length_figure(result: dict):
     _grouped_bars(ax, bins, series, _colours(names), horizontal=False)
     values = [v for vs in series.values() for v in vs]
     _value_axis(ax, values, horizontal=False, room=1.32, label="Task-solving rate (%)")
-    if len(names) >= 2:
+    first, last = gain_pair(names)
+    if first != last:
         top = ax.get_ylim()[1]
-        for x, (a, b) in enumerate(zip(series[names[0]], series[names[-1]])):
+        for x, (a, b) in enumerate(zip(series[first], series[last])):
             if a is not None and b is not None:
                 ax.text(x, top * 0.93, f"Δ {b - a:+.1f}", ha="center", va="top", fontsize=9, fontweight="bold",
-                        color=colour(names[-1]) if names[-1] in METHOD_COLOURS else "black")
+                        color=colour(last) if last in METHOD_COLOURS else "black")
     ax.set_xticks(range(len(bins)), bins)
     ax.set_xlabel("Input length (cl100k_base tokens)")
     fig.suptitle(f"Task-solving rate by input length: {_versus(names)}" +
-                 (f"\n(Δ: {names[-1]} minus {names[0]}, points)" if len(names) >= 2 else ""), fontsize=10)
+                 (f"\n(Δ: {last} minus {first}, points)" if first != last else ""), fontsize=10)
     _legend(fig, names)
     return fig
 
@@ -198,7 +206,7 @@ def near_miss_figure(result: dict):
     names = list(runs)
     series = {n: [runs[n]["near_miss"][b] for b in NEAR_MISS_BINS] for n in names}
     totals = {n: sum(series[n]) or 1 for n in names}
-    fig, ax = _figure(max(7.0, 2 + 1.4 * len(NEAR_MISS_BINS) * max(1, len(names)) ** 0.5), 4.4)
+    fig, ax = _figure(max(7.0, 2 + 0.55 * len(NEAR_MISS_BINS) * len(names)), 4.4)
     _grouped_bars(ax, list(NEAR_MISS_BINS), series, _colours(names), horizontal=False,
                   fmt=lambda name, v: f"{v}\n{100 * v / totals[name]:.1f}%", fontsize=7 if len(names) > 2 else 8)
     _value_axis(ax, [v for vs in series.values() for v in vs], horizontal=False, room=1.3, label="tasks")
