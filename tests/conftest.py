@@ -47,3 +47,14 @@ def cli(*args, env=None, timeout=180):
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **(env or {})}
     return subprocess.run([sys.executable, "-m", "cg_dspy.cli", *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A fresh MLflow sqlite store (experiment cg-test), the working directory beside it."""
+    from cg_dspy import tracking
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracking.setup(uri, "cg-test")
+    return uri

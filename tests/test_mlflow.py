@@ -17,14 +17,6 @@ from cg_dspy.testing.server import ChatServer
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/fresh.db"
-    tracking.setup(uri, "cg-mlflow")
-    return uri
-
-
-@pytest.fixture
 def two_runs(store, tmp_path):
     lm, _ = scripted_lm(behaviour)
     train, dev = by_ids("dk-01", "rs-01"), by_ids("dk-03", "rs-03")

@@ -7,7 +7,7 @@ import pytest
 from conftest import DATA
 from scripted import scripted_lm
 
-from cg_dspy import ContextGuard, optimize, tracking
+from cg_dspy import ContextGuard, optimize
 from cg_dspy.evaluation.data import load_tasks
 from cg_dspy.lms import using
 from cg_dspy.saved import load_program
@@ -35,14 +35,6 @@ def behaviour(stage, messages):
     if stage == "propose":  # GEPA's reflection LM proposes a new instruction
         return {"new_instruction": RULE}
     return {}
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    tracking.setup(uri, "cg-test")
-    return uri
 
 
 @pytest.fixture
