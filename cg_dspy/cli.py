@@ -266,6 +266,8 @@ def _typer(args, files: dict[str, list]) -> dict:
          + (f", {len(typer.failed)} failed (left untyped; rerun to try again)" if typer.failed else ""))
     for line in typer.failed[:5]:
         _say(f"  {line}")
+    for line in typer.unsaved:
+        _say(f"requirement types not cached (the next report asks again): {line}")
     return {"typer": typer, "typer_name": typer.describe()}
 
 

@@ -71,3 +71,20 @@ def test_lm_typer_types_each_unique_rubric_once_and_a_rerun_makes_no_call(tmp_pa
     keyword = json.loads(cli("report", str(first), "--format", "json").stdout)
     assert keyword["rubric_typer"] == "keyword"
     assert list(keyword["runs"].values())[0]["rubric_type_failure"] != expected  # the typer decides Table 2
+
+
+def test_a_cache_that_cannot_be_written_leaves_the_types_and_says_so(tmp_path):
+    from cg_dspy.evaluation.rubric_types import LMTyper
+    from cg_dspy.lms import LMSettings, build_lm
+
+    graded = tmp_path / "g.jsonl"
+    shutil.copy(shared_file("graded_sample.jsonl"), graded)
+    cache_path(graded).mkdir()  # where the cache would go, something it cannot replace
+    with ChatServer(reply=lambda messages: json.dumps({"requirement_type": "format/lexical"})) as server:
+        typer = LMTyper(build_lm(LMSettings(model="openai/typer", api_base=server.base_url, cache=False,
+                                            num_retries=0)), threads=2)
+        typer.type_files({str(graded): [json.loads(x) for x in graded.read_text().splitlines()]})
+    assert len(typer.types) == 67 and typer("The response should be between 50 and 100 words long.") == \
+        "format/lexical"
+    assert len(typer.unsaved) == 1 and str(cache_path(graded)) in typer.unsaved[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.jsonl", "g.jsonl.rubric_types.json"]  # no debris

@@ -40,6 +40,7 @@ class LMTyper:
         self.types: dict[str, str] = {}
         self.calls = 0
         self.failed: list[str] = []
+        self.unsaved: list[str] = []  # caches that could not be written
         self.predict = dspy.Predict(RequirementType)
 
     def describe(self) -> str:
@@ -79,9 +80,13 @@ class LMTyper:
             known = {r: self.types[r] for r in sorted(rubrics) if r in self.types}
             target = cache_path(path)
             partial = target.with_name(f".{target.name}.partial")
-            partial.write_text(json.dumps({"typer": self.identity, "types": known}, indent=1) + "\n",
-                               encoding="utf-8")
-            os.replace(partial, target)
+            try:
+                partial.write_text(json.dumps({"typer": self.identity, "types": known}, indent=1) + "\n",
+                                   encoding="utf-8")
+                os.replace(partial, target)
+            except OSError as exc:  # a read-only folder: the report still gets its types
+                partial.unlink(missing_ok=True)
+                self.unsaved.append(f"{target}: {exc.strerror or exc}")
 
     def __call__(self, rubric: str) -> str | None:
         kind = self.types.get(rubric)
