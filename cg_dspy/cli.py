@@ -355,7 +355,11 @@ def cmd_optimize(args) -> int:
     )
     print(json.dumps({"dev_before": result.dev_before, "dev_after": result.dev_after, "program": args.out,
                       "mlflow_run": result.run_id, "judge_calls": result.judge_calls}, indent=1))
-    return EXIT_FAILED if train_errors or dev_errors else EXIT_OK
+    failed = {k: v for k, v in (("before", result.dev_before), ("after", result.dev_after)) if v["errors"]}
+    for when, scores in failed.items():
+        _say(f"contextguard: {scores['errors']} dev task(s) failed with an error {when} compiling (scored 0); "
+             f"the first: {printable(scores['first_error'])}")
+    return EXIT_FAILED if train_errors or dev_errors or failed else EXIT_OK
 
 
 def cmd_compare(args) -> int:

@@ -45,8 +45,9 @@ class OptimizeResult:
 
 
 class DevFailed(RuntimeError):
-    """Every dev task failed before compiling: the LMs answer nothing, so nothing can be tuned
-    (an optimizer would only spend its budget on errors and register untouched prompts)."""
+    """Every dev task failed before compiling (the task LM or the judge answers nothing), so
+    nothing can be tuned: an optimizer would only spend its budget on errors and register
+    untouched prompts."""
 
 
 def evaluate(program, examples, metric: RubricMetric, *, lm, threads: int = 4) -> dict:
@@ -57,12 +58,19 @@ def evaluate(program, examples, metric: RubricMetric, *, lm, threads: int = 4) -
     def answered(**inputs):
         try:
             return program(**inputs)
-        except Exception as exc:
+        except Exception as exc:  # the task LM did not answer
             errors.append(f"{type(exc).__name__}: {exc}")
             raise
 
+    def judged(example, prediction, trace=None):
+        try:
+            return metric(example, prediction, trace)
+        except Exception as exc:  # the judge did not answer: 0, counted (raising here makes
+            errors.append(f"{type(exc).__name__}: {exc}")  # MLflow's autolog hand DSPy a None score)
+            return 0.0
+
     with using(lm):
-        result = dspy.Evaluate(devset=examples, metric=metric, num_threads=threads, display_progress=False,
+        result = dspy.Evaluate(devset=examples, metric=judged, num_threads=threads, display_progress=False,
                                provide_traceback=False, max_errors=len(examples) + 1)(answered)
     per_cat: dict[str, list[float]] = defaultdict(list)
     scores = []

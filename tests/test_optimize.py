@@ -170,23 +170,50 @@ def test_api_key_never_reaches_the_store(store, splits, tmp_path, monkeypatch):
     assert ("note", "key=***") in rows and not any(k == "task_lm.api_key" and v != "***" for k, v in rows)
 
 
-def test_optimize_stops_before_compiling_when_no_dev_task_answers(store, tmp_path):
-    """An unreachable task LM: one clear line and a failed exit, not a 'compiled' program
-    whose dev scores are 0 -> 0 and whose prompt versions are untouched copies."""
+@pytest.mark.parametrize("dead", ["task", "judge"])
+def test_optimize_stops_before_compiling_when_no_dev_task_answers(store, tmp_path, dead):
+    """An unreachable task LM or judge: one clear line and a failed exit, not a 'compiled'
+    program whose dev scores are 0 -> 0 and whose prompt versions are untouched copies."""
     import socket
 
     import mlflow
     from conftest import cli
 
+    from cg_dspy.testing.server import ChatServer
+
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        nobody = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
     manifest = DATA / "splits" / "tasks.json"
-    done = cli("optimize", "--optimizer", "bootstrap", "--train", f"{manifest}#train", "--dev", f"{manifest}#dev",
-               "--out", str(tmp_path / "p.json"), "--model", "openai/x", "--api-base", f"http://127.0.0.1:{port}/v1",
-               "--no-cache", "--retries", "0", "--timeout", "2", "--tracking-uri", store, "--experiment", "cg-test")
+    with ChatServer() as server:
+        task, judge = (nobody, server.base_url) if dead == "task" else (server.base_url, nobody)
+        done = cli("optimize", "--optimizer", "bootstrap", "--train", f"{manifest}#train", "--dev",
+                   f"{manifest}#dev", "--out", str(tmp_path / "p.json"), "--model", "openai/x", "--api-base", task,
+                   "--judge-model", "openai/j", "--judge-api-base", judge, "--no-cache", "--retries", "0",
+                   "--timeout", "2", "--tracking-uri", store, "--experiment", "cg-test")
     assert done.returncode == 1, done.stderr
     assert "every dev task (5) failed before compiling" in done.stderr and "Connection refused" in done.stderr
+    assert f"[openai/{'x' if dead == 'task' else 'j'}]" in done.stderr  # names which LM did not answer
     assert not (tmp_path / "p.json").exists()
     assert [r.info.status for r in mlflow.search_runs(experiment_names=["cg-test"], output_format="list")] == ["FAILED"]
     assert mlflow.genai.search_prompts() == []
+
+
+def test_optimize_exits_failed_when_some_dev_tasks_error(store, tmp_path):
+    """A dev task the LM never answers scores 0 like a wrong answer would: the run says so
+    and exits 1, so a script does not take its dev scores at face value."""
+    from conftest import cli
+
+    from cg_dspy.testing.server import ChatServer
+
+    manifest = DATA / "splits" / "tasks.json"
+    with ChatServer() as server:
+        server.inject("status", status=500, match="Pondworld", times=10_000)  # dev task ed-03, every call
+        done = cli("optimize", "--optimizer", "bootstrap", "--train", f"{manifest}#train", "--dev",
+                   f"{manifest}#dev", "--out", str(tmp_path / "p.json"), "--model", "openai/x", "--api-base",
+                   server.base_url, "--judge-model", "openai/x", "--judge-api-base", server.base_url, "--no-cache",
+                   "--retries", "0", "--no-track")
+    assert done.returncode == 1, done.stderr
+    assert "1 dev task(s) failed with an error before compiling" in done.stderr
+    out = json.loads(done.stdout[done.stdout.index("{"):])
+    assert out["dev_before"]["errors"] == out["dev_after"]["errors"] == 1 and (tmp_path / "p.json").exists()
