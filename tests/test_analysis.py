@@ -98,7 +98,7 @@ def test_judge_stability_from_full_k_votes_matches_hand_counts():
     # tasks (all requirements yes per vote): a = [T, F, T], c = [F, F, F]
     assert s["task"] == {"instances": 2, "single_vote_agreement": 66.67, "majority_vote_agreement": 83.33}
     rep = analysis.report({"full": FULL_K})
-    assert rep["judge_stability"] == {"full": s} and "judge_stability_reason" not in rep
+    assert rep["judge_stability"] == {"full": s} and "judge_stability_reason" not in rep and s["tasks_left_out"] == 0
     assert "### Judge stability: full (K = 3, every vote drawn)" in markdown.to_markdown(rep)
 
 
@@ -108,12 +108,28 @@ def test_early_stopped_votes_give_no_stability_table_and_say_how_to_measure_it()
     assert analysis.judge_stability(BEFORE) is None  # no votes at all
     rep = analysis.report({"early": early})
     assert rep["judge_stability"] is None
-    assert "early: votes were early-stopped" in rep["judge_stability_reason"]
+    assert "early: the votes were not drawn to K" in rep["judge_stability_reason"]
     assert "contextguard eval --no-early-stop" in rep["judge_stability_reason"]
     md = markdown.to_markdown(rep)
-    assert "Judge stability: early" not in md and "votes were early-stopped" in md
+    assert "Judge stability: early" not in md and "votes were not drawn to K" in md
     mixed = analysis.report({"early": early, "full": FULL_K})
     assert list(mixed["judge_stability"]) == ["full"] and "early:" in mixed["judge_stability_reason"]
+
+
+def test_rows_that_claim_full_votes_but_lack_some_are_left_out_and_counted():
+    short = graded_with(False, row("s", D, "x", ["yes", "no"], votes=[["yes", "yes"], ["no", "no", "no"]]))
+    k1 = [{**r, "cg_dspy": {"run": {"votes": 1, "early_stop": False}}}
+          for r in [row("o", D, "x", ["yes"], votes=[["yes"]])]]
+    five = [{**r, "cg_dspy": {"run": {"votes": 5, "early_stop": False}}}
+            for r in [row("f", D, "x", ["yes"], votes=[["yes", "yes", "no", "yes", "yes"]])]]
+    assert analysis.judge_stability(short) is None and analysis.judge_stability(k1) is None
+    s = analysis.judge_stability(FULL_K + short)
+    assert s["requirement"] == analysis.judge_stability(FULL_K)["requirement"] and s["tasks_left_out"] == 1
+    mixed = analysis.judge_stability(FULL_K + five)  # one K per table: K = 5, the K = 3 rows left out
+    assert (mixed["votes"], mixed["requirement"]["instances"], mixed["tasks_left_out"]) == (5, 1, 2)
+    rep = analysis.report({"run": FULL_K + short})
+    assert "run (1 tasks left out" in rep["judge_stability_reason"]
+    assert "K = 1 has no second vote" in analysis.report({"one": k1})["judge_stability_reason"]
 
 
 def test_report_has_exactly_the_documented_keys():
@@ -155,3 +171,17 @@ def test_plots_are_written(tmp_path):
     assert [p.name for p in written] == ["tsr_by_sub_category.png", "tsr_by_length.png", "near_miss.png",
                                          "rubric_type_failure.png", "migration.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000 for p in written)
+
+
+def test_two_files_with_one_name_and_one_method_stay_two_runs():
+    runs = analysis.runs_by_label({"m1/graded.jsonl": BEFORE, "m2/graded.jsonl": AFTER})
+    assert list(runs) == ["m1/graded.jsonl", "m2/graded.jsonl"]  # rows without a method: named by path
+    same = [{**r, "method": "baseline"} for r in BEFORE]
+    runs = analysis.runs_by_label({"m1/graded.jsonl": same, "m2/graded.jsonl": same, "x/other.jsonl": same})
+    assert list(runs) == ["baseline [m1/graded.jsonl]", "baseline [m2/graded.jsonl]", "baseline [other.jsonl]"]
+
+
+def test_labels_from_files_cannot_break_the_markdown_tables():
+    evil = [{**r, "method": "x|y\n# Injected"} for r in BEFORE]
+    md = markdown.to_markdown(analysis.report(analysis.runs_by_label({"a.jsonl": evil})))
+    assert "\n# Injected" not in md and "x\\|y # Injected" in md

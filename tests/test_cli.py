@@ -151,9 +151,9 @@ def test_bench_pairs_methods_on_the_same_drafts_and_tracks_one_run(tmp_path):
         for row in read_rows(out_dir / f"{m}.jsonl"):
             assert row["trace"]["draft"] == base[row["idx"]] and "draft" not in row["trace"]["cost"]
     rep = json.loads((out_dir / "report.json").read_text())
-    assert list(rep["runs"]) == ["baseline", "self-refine", "contextguard", "contextguard-no-reminder"]  # as read
+    assert list(rep["runs"]) == ["baseline", "self-refine", "contextguard", "contextguard (no reminder)"]  # as read
     assert set(rep["comparisons"]) == {"baseline -> self-refine", "baseline -> contextguard",
-                                       "baseline -> contextguard-no-reminder"}
+                                       "baseline -> contextguard (no reminder)"}
     assert rep["cost"]["baseline"]["lm_calls_per_task"] == 1.0
     md = (out_dir / "report.md").read_text()
     assert "## baseline -> contextguard" in md and "## baseline -> self-refine" in md
@@ -163,7 +163,8 @@ def test_bench_pairs_methods_on_the_same_drafts_and_tracks_one_run(tmp_path):
     assert len(runs) == 1 and runs[0].data.metrics["contextguard.task_solving_rate"] == 100.0
     assert runs[0].data.metrics["baseline.cost.lm_calls_per_task"] == 1.0
     # --judge-stability: every vote drawn, so Table 5 is there for each method
-    assert all(len(v) == 3 for m in rep["runs"] for x in read_rows(out_dir / f"{m}.graded.jsonl")
+    methods = ("baseline", "self-refine", "contextguard", "contextguard-no-reminder")
+    assert all(len(v) == 3 for m in methods for x in read_rows(out_dir / f"{m}.graded.jsonl")
                for v in x["votes"])
     assert set(rep["judge_stability"]) == set(rep["runs"]) and "judge_stability_reason" not in rep
     assert rep["judge_stability"]["contextguard"]["requirement"]["single_vote_agreement"] == 100.0

@@ -131,3 +131,21 @@ def test_report_html_from_the_cli_and_it_never_overwrites_a_file_that_is_not_a_r
     done = cli("report", *map(str, paths), "--html", str(notes))
     assert done.returncode == 2 and "not a contextguard report" in done.stderr
     assert notes.read_text() == "<html>my notes</html>"
+
+
+def test_runs_that_would_share_a_colour_get_their_own_and_long_labels_stay_inside():
+    before, after = table14_rows()
+    files = {"a/baseline.graded.jsonl": before, "b/baseline.graded.jsonl": before,
+             "cg-ablate3-seed1.graded.jsonl": [
+                 dict(r, cg_dspy={"generation": {"config": {"ablate": ["audit", "protection", "reminder"]}}})
+                 for r in after]}
+    rep = analysis.report(analysis.runs_by_label(files))
+    assert list(rep["runs"]) == ["baseline [a/baseline.graded.jsonl]", "baseline [b/baseline.graded.jsonl]",
+                                 "contextguard (no audit, no protection, no reminder)"]
+    for stem, fig in plots.figures(rep).items():
+        assert plots.overlapping_text(fig) == [], stem
+        faces = [c.patches[0].get_facecolor() for ax in fig.axes for c in ax.containers]
+        assert len(set(faces)) == len(faces) == 3, stem
+    many = plots._colours([f"run{i}.jsonl" for i in range(12)])
+    assert len(set(many.values())) == 12
+    assert plots.colour("contextguard (no audit) [x.jsonl]") == plots.ABLATION_COLOURS["audit"]

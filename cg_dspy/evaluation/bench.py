@@ -84,11 +84,13 @@ def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol=
             result.interrupted = True
             return result
         graded_runs[method] = graded.rows
-    graded_runs = {m: graded_runs[m] for m in sorted(graded_runs, key=reading_order)}
+    order = sorted(graded_runs, key=reading_order)
     typed = {}
     if typer is not None:
-        typer.type_files({str(out_dir / f"{m}.graded.jsonl"): rows for m, rows in graded_runs.items()})
+        typer.type_files({str(out_dir / f"{m}.graded.jsonl"): graded_runs[m] for m in order})
         typed = {"typer": typer, "typer_name": typer.describe()}
+    # In reading order, named as `report` names the same files ("contextguard (no audit)").
+    graded_runs = {analysis.method_label(m): graded_runs[m] for m in order}
     report = analysis.report(graded_runs, **typed)
     base = "baseline" if "baseline" in graded_runs else None
     if base:

@@ -184,25 +184,28 @@ def _agreement(votes: list[bool]) -> tuple[float, float]:
 
 def full_votes(row: GradedRow) -> int | None:
     """K when the row was graded with every vote drawn (early stop off, as recorded by
-    `grade_file`), else None: early-stopped votes keep all K only where the first ones
-    disagreed, so they would bias agreement downwards."""
+    `grade_file`) and holds exactly K votes for each of its requirements, else None:
+    early-stopped votes keep all K only where the first ones disagreed, so they would bias
+    agreement downwards, and so would a row that lost some."""
     run = ((row.model_extra or {}).get("cg_dspy") or {}).get("run") or {}
-    if run.get("early_stop") is False and isinstance(run.get("votes"), int) and run["votes"] > 1 and row.votes:
-        return run["votes"]
-    return None
+    k = run.get("votes")
+    if run.get("early_stop") is not False or not isinstance(k, int) or k < 2 or not row.rubrics:
+        return None
+    votes = row.votes or []
+    return k if len(votes) == len(row.rubrics) and all(len(v) == k for v in votes) else None
 
 
 def judge_stability(rows) -> dict | None:
     """Single-vote and majority-vote agreement, requirement and task level (Table 5), over
     the rows graded with every vote drawn (`full_votes`); None when there are none."""
-    rows = [r for r in graded_rows(rows) if full_votes(r)]
-    if not rows:
+    rows = graded_rows(rows)
+    ks = [full_votes(r) for r in rows]
+    if not any(ks):
         return None
-    k = max(full_votes(r) for r in rows)
-    votes = {r.task_id: [[v == "yes" for v in vs] for vs in r.votes] for r in rows if full_votes(r) == k}
-    req = [_agreement(v) for vs in votes.values() for v in vs if len(v) == k]
-    tasks = [_agreement([all(v[i] for v in vs) for i in range(k)])
-             for vs in votes.values() if vs and all(len(v) == k for v in vs)]
+    k = max(filter(None, ks))  # one K per table; rows of another K are counted as left out
+    votes = [[[v == "yes" for v in vs] for vs in r.votes] for r, rk in zip(rows, ks) if rk == k]
+    req = [_agreement(v) for vs in votes for v in vs]
+    tasks = [_agreement([all(v[i] for v in vs) for i in range(k)]) for vs in votes]
 
     def level(items: list[tuple[float, float]]) -> dict:
         return {
@@ -211,7 +214,7 @@ def judge_stability(rows) -> dict | None:
             "majority_vote_agreement": _pct(sum(m for _, m in items), len(items)),
         }
 
-    return {"votes": k, "requirement": level(req), "task": level(tasks)}
+    return {"votes": k, "requirement": level(req), "task": level(tasks), "tasks_left_out": len(rows) - len(votes)}
 
 
 STABILITY_HOW = "grade with `contextguard eval --no-early-stop` (or `contextguard bench --judge-stability`)"
@@ -223,8 +226,13 @@ def stability_reason(runs: dict[str, list[GradedRow]], measured: dict) -> str | 
     unvoted = [n for n, rows in runs.items() if n not in measured and n not in early]
     parts = []
     if early:
-        parts.append(f"{', '.join(early)}: votes were early-stopped (the third vote is drawn only when the first "
-                     "two disagree), so agreement over them would be biased; no stability is reported")
+        parts.append(f"{', '.join(early)}: the votes were not drawn to K for every requirement (early stop draws "
+                     "the third vote only when the first two disagree; K = 1 has no second vote), so agreement "
+                     "over them would be biased; no stability is reported")
+    partial = [f"{n} ({s['tasks_left_out']} tasks left out: early-stopped, incomplete or another K)"
+               for n, s in measured.items() if s["tasks_left_out"]]
+    if partial:
+        parts.append(f"stability over the tasks with every vote only: {', '.join(partial)}")
     if unvoted and not measured:
         parts.append(f"{', '.join(unvoted)}: no per-requirement votes recorded")
     return "; ".join(parts) + f". To measure judge stability, {STABILITY_HOW}." if parts else None
@@ -269,14 +277,20 @@ def row_label(row: GradedRow) -> str | None:
 
 def runs_by_label(files: dict[str, list]) -> dict[str, list[GradedRow]]:
     """One run per method variant: a file mixing methods is several runs; rows without a
-    method are labelled by their file's name; a label two files share names its file."""
-    groups: dict[tuple[str, str], list[GradedRow]] = {}
+    method are labelled by their file's name (its path when two files share a name); a
+    label two files share names its file."""
+    groups: dict[tuple[str | None, str], list[GradedRow]] = {}
     for path, rows in files.items():
         for row in graded_rows(rows):
-            groups.setdefault((row_label(row) or Path(path).name, path), []).append(row)
+            groups.setdefault((row_label(row), path), []).append(row)
+    names = [Path(path).name for _, path in groups]
+
+    def where(path: str) -> str:  # the file's name, or its whole path when two files share a name
+        return Path(path).name if names.count(Path(path).name) == 1 else path
+
     labels = [label for label, _ in groups]
-    return {(label if labels.count(label) == 1 else f"{label} [{Path(path).name}]"): rows
-            for (label, path), rows in groups.items()}
+    return {(where(path) if label is None else label if labels.count(label) == 1 else f"{label} [{where(path)}]"):
+            rows for (label, path), rows in groups.items()}
 
 
 def comparisons(result: dict) -> dict[tuple[str, str], dict]:

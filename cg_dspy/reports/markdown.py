@@ -18,7 +18,7 @@ def _fmt(value) -> str:
 
 
 def _table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = ["| " + " | ".join(_fmt(h) for h in header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -91,11 +91,11 @@ def to_markdown(result: dict) -> str:
     """The report as Markdown tables, in the order of the paper's tables."""
     out = []
     for t in tables(result):
-        out.append(f"{'#' * t.level} {t.title}\n")
+        out.append(f"{'#' * t.level} {_fmt(t.title)}\n")
         if t.header:
             out.append(_table(t.header, t.rows) + "\n")
         if t.note:
-            out.append(t.note + "\n")
+            out.append(_fmt(t.note) + "\n")
     return "\n".join(out)
 
 

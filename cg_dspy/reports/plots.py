@@ -10,6 +10,8 @@ numbers with the report's tables.
 
 from __future__ import annotations
 
+import textwrap
+import zlib
 from pathlib import Path
 
 import matplotlib
@@ -27,30 +29,39 @@ DPI = 110
 METHOD_COLOURS = {"baseline": "#8c8c8c", "self-refine": "#e6862e", "contextguard": "#2f6db3"}
 ABLATION_COLOURS = dict(zip(ABLATIONS, ("#9b6bc2", "#c8423b", "#3f9e4d", "#22a5b8", "#8a5a44")))
 OTHER_COLOURS = ("#d17aae", "#a6a33a", "#5c5c8a", "#b39b2f", "#4d8f8f")
+EXTRA_COLOURS = ("#1b9e77", "#7570b3", "#e7298a", "#66a61e", "#a6761d", "#666666", "#1f78b4", "#b2df8a",
+                 "#fb9a99", "#cab2d6")
 
 
-def colour(label: str, order: int = 0) -> str:
-    """A run's colour from its label ("contextguard (no protection)"); labels that name no
-    known method (file names) take the next free colour of a fixed list."""
-    base, _, rest = label.partition(" (")
-    removed = [part.strip(" )").removeprefix("no ") for part in rest.split(",")] if rest else []
-    if base == "contextguard" and removed:
-        if len(removed) == 1 and removed[0] in ABLATION_COLOURS:
-            return ABLATION_COLOURS[removed[0]]
-        return OTHER_COLOURS[(order + len(removed)) % len(OTHER_COLOURS)]
-    return METHOD_COLOURS.get(base.split(" [")[0], OTHER_COLOURS[order % len(OTHER_COLOURS)])
+def colour(label: str) -> str:
+    """A run's colour from its label ("contextguard (no protection)", "baseline [a.jsonl]");
+    a label that names no method or single ablation (file names, several ablations) takes
+    a colour of a fixed list chosen by the label itself, so it is the same in every figure."""
+    plain = label.split(" [")[0]
+    base, _, rest = plain.partition(" (")
+    removed = [part.strip().removeprefix("no ") for part in rest.rstrip(")").split(",")] if rest else []
+    if base in METHOD_COLOURS and not removed:
+        return METHOD_COLOURS[base]
+    if base == "contextguard" and len(removed) == 1 and removed[0] in ABLATION_COLOURS:
+        return ABLATION_COLOURS[removed[0]]
+    return OTHER_COLOURS[zlib.crc32(plain.encode()) % len(OTHER_COLOURS)]
 
 
 def _colours(names: list[str]) -> dict[str, str]:
-    out, unknown = {}, 0
+    """Each run its colour; two runs that would share one (the same method from two files,
+    many file-named runs) take the next colour nobody has."""
+    out: dict[str, str] = {}
+    spare = [c for c in (*OTHER_COLOURS, *EXTRA_COLOURS) if c not in {colour(n) for n in names}]
     for name in names:
-        out[name] = colour(name, unknown)
-        unknown += out[name] in OTHER_COLOURS
+        wanted = colour(name)
+        out[name] = wanted if wanted not in out.values() else spare.pop(0) if spare else wanted
     return out
 
 
 def _versus(names: list[str]) -> str:
-    return " vs ".join(names) if len(names) <= 3 else f"{len(names)} runs"
+    """What a title says is compared: the runs' names when they fit, else how many."""
+    text = " vs ".join(names)
+    return text if len(names) <= 3 and len(text) <= 60 else f"{len(names)} runs (legend below)"
 
 
 def _grouped_bars(ax, groups: list[str], series: dict[str, list[float | None]], colours: dict[str, str], *,
@@ -82,8 +93,13 @@ def _figure(width: float, height: float):
 
 
 def _legend(fig, names: list[str]) -> None:
-    """Runs named once, below the plot and inside the figure, never over a bar."""
-    fig.legend(loc="outside lower center", ncol=min(len(names), 4), fontsize=8, frameon=False)
+    """Runs named once, below the plot and inside the figure, never over a bar; long labels
+    (file names, several ablations) take fewer columns and wrap."""
+    width = max(len(n) for n in names)
+    columns = min(len(names), 4 if width <= 24 else 2 if width <= 44 else 1)
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    fig.legend(handles, [textwrap.fill(label, 56) for label in labels], loc="outside lower center",
+               ncol=columns, fontsize=8, frameon=False)
 
 
 def drawn(fig) -> dict[str, list[float]]:
