@@ -9,6 +9,7 @@ are for real bugs, and only with --debug.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from cg_dspy.evaluation import data, harness, judge
 from cg_dspy.evaluation.rows import GradedRow, ResultRow, read_jsonl, validated
+from cg_dspy.evaluation.rubric_types import LMUnreachable
 from cg_dspy.evaluation.store import OutputRefused
 from cg_dspy.lms import DEFAULT_TIMEOUT, LMSettings, build_lm, patches
 from cg_dspy.lms.endpoint import STRUCTURED_OUTPUT
@@ -253,7 +255,8 @@ def _lm_typer(args):
         return None
     from cg_dspy.evaluation.rubric_types import LMTyper
 
-    return LMTyper(build_lm(_lm_settings(args, "judge-"), default_temperature=0.0), threads=args.threads)
+    settings = dataclasses.replace(_lm_settings(args, "judge-"), cache=False)  # see LMTyper
+    return LMTyper(build_lm(settings, default_temperature=0.0), threads=args.threads)
 
 
 def _typer(args, files: dict[str, list]) -> dict:
@@ -262,7 +265,7 @@ def _typer(args, files: dict[str, list]) -> dict:
     if typer is None:
         return {}
     typer.type_files(files)
-    _say(f"requirement types: {len(typer.types)} rubrics typed by the judge LM, {typer.calls} LM calls this time"
+    _say(f"requirement types: {typer.typed} rubrics typed by the judge LM, {typer.calls} LM calls this time"
          + (f", {len(typer.failed)} failed (left untyped; rerun to try again)" if typer.failed else ""))
     for line in typer.failed[:5]:
         _say(f"  {line}")
@@ -557,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in str(exc).splitlines() or [type(exc).__name__]:
             _say(f"contextguard: {printable(line)}")
         return EXIT_USAGE
-    except DevFailed as exc:
+    except (DevFailed, LMUnreachable) as exc:  # the LMs answer nothing: nothing to report
         _say(f"contextguard: {printable(str(exc))}")
         return EXIT_FAILED
     except Exception as exc:  # a bug of ours: say so in one line, the traceback with --debug

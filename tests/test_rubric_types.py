@@ -88,3 +88,26 @@ def test_a_cache_that_cannot_be_written_leaves_the_types_and_says_so(tmp_path):
         "format/lexical"
     assert len(typer.unsaved) == 1 and str(cache_path(graded)) in typer.unsaved[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.jsonl", "g.jsonl.rubric_types.json"]  # no debris
+
+
+def test_a_typer_lm_that_never_answers_fails_fast_and_one_that_garbles_is_asked_again(tmp_path):
+    graded = tmp_path / "g.jsonl"
+    shutil.copy(shared_file("graded_sample.jsonl"), graded)
+    done = cli("report", str(graded), "--rubric-types", "lm", "--judge-model", "openai/x", "--judge-api-base",
+               "http://127.0.0.1:9/v1", "--retries", "0")
+    assert done.returncode == 1 and "typer's LM (openai/x) did not answer" in done.stderr and done.stdout == ""
+    assert not cache_path(graded).exists()
+    hand = {x["rubric"]: x["type"] for x in labels()}
+    garbled = next(iter(hand))
+    def reply(messages):
+        rubric = messages[-1]["content"].split("[[ ## requirement ## ]]")[-1].split("\n\nRespond with")[0].strip()
+        return "no idea" if rubric == garbled else json.dumps({"requirement_type": hand[rubric]})
+    with ChatServer(reply=reply) as server:
+        args = ["report", str(graded), "--rubric-types", "lm", "--judge-model", "openai/x", "--judge-api-base",
+                server.base_url, "--retries", "0", "--format", "json"]
+        done = cli(*args)
+        assert done.returncode == 0 and "66 rubrics typed by the judge LM, 67 LM calls" in done.stderr
+        assert len(server.requests) == 66 + 3  # the garbled one asked three times (no LM cache to hand it back)
+        assert garbled not in json.loads(cache_path(graded).read_text())["types"]
+        again = cli(*args)
+        assert "1 LM calls this time" in again.stderr and len(server.requests) == 66 + 6  # only it, again

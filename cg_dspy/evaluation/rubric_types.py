@@ -8,14 +8,17 @@ agreement with hand labels of real CL-bench rubrics is measured in the tests.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import dspy
+import pydantic
+from dspy.utils.exceptions import AdapterParseError
 
-from cg_dspy.evaluation.judge import ask
+from cg_dspy.evaluation.judge import JUDGE_ATTEMPTS
 from cg_dspy.evaluation.rows import graded_rows
 from cg_dspy.lms import lm_identity, using
 from cg_dspy.method.signatures import RequirementType
@@ -29,26 +32,40 @@ def cache_path(graded: str | Path) -> Path:
     return graded.with_name(graded.name + ".rubric_types.json")
 
 
-class LMTyper:
-    """`typer(rubric) -> type | None` over rubrics typed by `lm` up front (`type_files`)."""
+MAX_CACHE_BYTES = 64 * 2**20  # a cache beside a graded file is data: read only a sane one
 
-    name = "lm"
+
+class LMUnreachable(RuntimeError):
+    """The typer's LM did not answer at all: Table 2 would be empty, so say so and stop."""
+
+
+class LMTyper:
+    """`typer(rubric) -> type | None` over rubrics typed by `lm` up front (`type_files`).
+
+    The cache beside a graded file is keyed by the LM's identity and this typer's prompt,
+    so another model or an edited prompt types again. The LM's own (DSPy) cache should be
+    off: a reply that did not parse is asked again, and at temperature 0 a cached reply
+    would only come back."""
 
     def __init__(self, lm, *, threads: int = 4):
         self.lm, self.threads = lm, threads
-        self.identity = lm_identity(lm)
+        self.predict = dspy.Predict(RequirementType)
+        prompt = hashlib.sha256(RequirementType.instructions.encode()).hexdigest()[:16]
+        self.identity = {**lm_identity(lm), "prompt": prompt}
         self.types: dict[str, str] = {}
         self.calls = 0
         self.failed: list[str] = []
         self.unsaved: list[str] = []  # caches that could not be written
-        self.predict = dspy.Predict(RequirementType)
+        self.unreachable: str | None = None
 
     def describe(self) -> str:
         return f"LM ({self.identity.get('model')})"
 
     def _read(self, path: Path) -> dict[str, str]:
-        """A cache written for this same LM; anything else is ignored (and rewritten)."""
+        """A cache written for this same LM and prompt; anything else is ignored."""
         try:
+            if not path.is_file() or path.stat().st_size > MAX_CACHE_BYTES:
+                return {}
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return {}
@@ -57,36 +74,56 @@ class LMTyper:
         return {k: v for k, v in data["types"].items() if isinstance(k, str) and v in (*RUBRIC_TYPES, OTHER)}
 
     def _classify(self, rubric: str) -> str | None:
-        try:
-            with using(self.lm):
-                return ask(self.predict, f"rubric {rubric[:80]!r}", requirement=rubric).requirement_type
-        except Exception as exc:  # the LM failed on it: this rubric stays untyped, the report goes on
-            self.failed.append(f"{rubric[:80]!r}: {type(exc).__name__}: {str(exc)[:200]}")
+        if self.unreachable:
             return None
+        for _attempt in range(JUDGE_ATTEMPTS):
+            try:
+                with using(self.lm):
+                    return self.predict(requirement=rubric).requirement_type
+            except (AdapterParseError, pydantic.ValidationError) as exc:  # asked again
+                last = f"{type(exc).__name__}: {str(exc)[:200]}"
+            except Exception as exc:  # the LM did not answer: no other rubric asks it again
+                self.unreachable = self.unreachable or f"{type(exc).__name__}: {str(exc)[:300]}"
+                return None
+        self.failed.append(f"{rubric[:80]!r}: {last}")
+        return None
 
     def type_files(self, files: dict[str, list]) -> None:
         """Type every unique rubric of the graded files: from the caches beside them, then
-        one LM call per rubric still unknown; each file's cache is rewritten with its own."""
+        one LM call per rubric still unknown; a file's cache is rewritten when it changed.
+        Raises LMUnreachable when the LM answered none of them."""
         per_file = {path: {r for row in graded_rows(rows) for r in row.rubrics} for path, rows in files.items()}
-        for path in files:
-            self.types.update(self._read(cache_path(path)))
-        missing = sorted(set().union(*per_file.values()) - set(self.types))
+        cached = {path: self._read(cache_path(path)) for path in files}
+        for known in cached.values():
+            self.types.update(known)
+        wanted = set().union(*per_file.values())
+        missing = sorted(wanted - set(self.types))
         with ThreadPoolExecutor(max(1, self.threads)) as pool:
             for rubric, kind in zip(missing, pool.map(self._classify, missing)):
                 self.calls += 1
                 if kind:
                     self.types[rubric] = kind
+        self.typed = len(wanted & set(self.types))
+        if self.unreachable and not any(r in self.types for r in missing):
+            raise LMUnreachable(f"the requirement typer's LM ({self.identity.get('model')}) did not answer "
+                                f"({self.unreachable}); no requirement types, nothing cached")
         for path, rubrics in per_file.items():
             known = {r: self.types[r] for r in sorted(rubrics) if r in self.types}
-            target = cache_path(path)
-            partial = target.with_name(f".{target.name}.partial")
+            if known != cached[path]:
+                self._save(cache_path(path), known)
+
+    def _save(self, target: Path, known: dict[str, str]) -> None:
+        partial = target.with_name(f".{target.name}.partial")
+        try:
+            partial.write_text(json.dumps({"typer": self.identity, "types": known}, indent=1) + "\n",
+                               encoding="utf-8")
+            os.replace(partial, target)
+        except OSError as exc:  # a read-only folder: the report still gets its types
             try:
-                partial.write_text(json.dumps({"typer": self.identity, "types": known}, indent=1) + "\n",
-                                   encoding="utf-8")
-                os.replace(partial, target)
-            except OSError as exc:  # a read-only folder: the report still gets its types
                 partial.unlink(missing_ok=True)
-                self.unsaved.append(f"{target}: {exc.strerror or exc}")
+            except OSError:
+                pass
+            self.unsaved.append(f"{target}: {exc.strerror or exc}")
 
     def __call__(self, rubric: str) -> str | None:
         kind = self.types.get(rubric)
