@@ -34,8 +34,7 @@ from cg_dspy.saved import MAX_ROUNDS, ProgramRefused
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 JUDGE_TEMPERATURE = 0.6
-USER_ERRORS = (data.InvalidInput, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
-               ValueError, OutputRefused, ProgramRefused)
+USER_ERRORS = (data.InvalidInput, OSError, ValueError, OutputRefused, ProgramRefused)  # files, paths, values
 
 
 def _say(text: str) -> None:
@@ -275,6 +274,12 @@ def _typer(args, files: dict[str, list]) -> dict:
 
 
 def cmd_report(args) -> int:
+    from cg_dspy.reports import html, plots
+
+    if args.html:  # refused before any work (and before any LM call of the typer)
+        html.check(args.html)
+    if args.plots:
+        plots.check(args.plots)
     files, errors = {}, []
     for path in args.graded:
         rows, bad = _read(path, GradedRow, "graded")
@@ -283,12 +288,8 @@ def cmd_report(args) -> int:
     typer = _typer(args, files)
     result = analysis.report(analysis.runs_by_label(files), **typer)
     if args.plots:
-        from cg_dspy.reports import plots
-
         plots.write_all(result, args.plots)
     if args.html:
-        from cg_dspy.reports import html
-
         html.write(result, args.html)
     print(json.dumps(result, indent=1) if args.format == "json" else markdown.to_markdown(result))
     return EXIT_FAILED if errors else EXIT_OK
@@ -304,6 +305,10 @@ def cmd_bench(args) -> int:
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir}: --out-dir names a folder; this is a file")
+    from cg_dspy.reports import html, plots
+
+    html.check(out_dir / "report.html")  # what bench writes last is refused first
+    plots.check(out_dir / "figures")
 
     def go():
         return bench.run_bench(

@@ -10,6 +10,7 @@ from conftest import cli
 from table14 import TABLE_14, table14_rows
 
 from cg_dspy.evaluation.data import LENGTH_BINS
+from cg_dspy.evaluation.store import OutputRefused
 from cg_dspy.reports import analysis, html, markdown, plots
 from cg_dspy.reports.analysis import NEAR_MISS_BINS, RUBRIC_TYPES
 
@@ -149,3 +150,37 @@ def test_runs_that_would_share_a_colour_get_their_own_and_long_labels_stay_insid
     many = plots._colours([f"run{i}.jsonl" for i in range(12)])
     assert len(set(many.values())) == 12
     assert plots.colour("contextguard (no audit) [x.jsonl]") == plots.ABLATION_COLOURS["audit"]
+
+
+def test_figures_never_write_through_links_or_over_files_that_are_not_ours(table14, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "near_miss.png").symlink_to(victim)
+    with pytest.raises(OutputRefused, match="not overwritten"):
+        plots.write_all(table14, linked)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "migration.png").write_bytes(b"\x89PNG their own figure")
+    with pytest.raises(OutputRefused, match="not a contextguard figure"):
+        plots.write_all(table14, theirs)
+    assert victim.read_text() == "mine" and (theirs / "migration.png").read_bytes() == b"\x89PNG their own figure"
+    ours = tmp_path / "ours"
+    plots.write_all(table14, ours)
+    (ours / "migration_old_run.png").write_bytes((ours / "migration.png").read_bytes())  # an earlier report's
+    written = plots.write_all(table14, ours)  # ours: replaced; the stale one removed
+    assert sorted(p.name for p in ours.iterdir()) == sorted(p.name for p in written)
+
+
+def test_a_refused_html_target_stops_report_before_any_side_effect(tmp_path):
+    before, after = table14_rows()
+    graded = tmp_path / "g.jsonl"
+    graded.write_text("".join(json.dumps(r) + "\n" for r in before[:50]))
+    notes = tmp_path / "notes.html"
+    notes.write_text("<html>mine</html>")
+    done = cli("report", str(graded), "--plots", str(tmp_path / "p"), "--html", str(notes))
+    assert done.returncode == 2 and "not a contextguard report" in done.stderr and done.stdout == ""
+    assert not (tmp_path / "p").exists()
+    done = cli("report", str(graded), "--plots", str(notes))
+    assert done.returncode == 2 and "names a folder" in done.stderr and "internal error" not in done.stderr

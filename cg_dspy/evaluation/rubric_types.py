@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from dspy.utils.exceptions import AdapterParseError
 
 from cg_dspy.evaluation.judge import JUDGE_ATTEMPTS
 from cg_dspy.evaluation.rows import graded_rows
+from cg_dspy.evaluation.store import replace_file
 from cg_dspy.lms import lm_identity, using
 from cg_dspy.method.signatures import RequirementType
 from cg_dspy.reports.analysis import RUBRIC_TYPES
@@ -113,16 +113,10 @@ class LMTyper:
                 self._save(cache_path(path), known)
 
     def _save(self, target: Path, known: dict[str, str]) -> None:
-        partial = target.with_name(f".{target.name}.partial")
+        data = json.dumps({"typer": self.identity, "types": known}, indent=1) + "\n"
         try:
-            partial.write_text(json.dumps({"typer": self.identity, "types": known}, indent=1) + "\n",
-                               encoding="utf-8")
-            os.replace(partial, target)
+            replace_file(target, data.encode("utf-8"))
         except OSError as exc:  # a read-only folder: the report still gets its types
-            try:
-                partial.unlink(missing_ok=True)
-            except OSError:
-                pass
             self.unsaved.append(f"{target}: {exc.strerror or exc}")
 
     def __call__(self, rubric: str) -> str | None:

@@ -40,6 +40,33 @@ class OutputLocked(OutputRefused):
     """Another process is writing the same output."""
 
 
+def replace_file(path: str | os.PathLike, data: bytes) -> None:
+    """Write `path` whole or not at all: a fresh temporary file beside it (never one that
+    was there, never through a planted link), then renamed over it."""
+    import tempfile
+
+    path = Path(path)
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+
+
+def refuse_unless_ours(path: str | os.PathLike, marker: bytes, what: str) -> None:
+    """An existing output is replaced only if it carries our marker (near its start)."""
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise OutputRefused(f"{path}: exists and is not a file this command wrote; not overwritten")
+    if path.exists():
+        with path.open("rb") as f:
+            if marker not in f.read(8192):
+                raise OutputRefused(f"{path}: exists and is not {what}; not overwritten")
+
+
 def row_id(row: dict) -> str | None:
     """A row's task id: `idx`, else the metadata's `task_id`."""
     if row.get("idx") is not None:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import base64
 import html
 import io
-import os
 from pathlib import Path
 
-from cg_dspy.evaluation.store import OutputRefused
+from cg_dspy.evaluation.store import OutputRefused, refuse_unless_ours, replace_file
 from cg_dspy.reports import markdown, plots
 
 GENERATOR = '<meta name="generator" content="contextguard report">'
@@ -61,17 +60,18 @@ def to_html(result: dict, *, title: str = "ContextGuard report") -> str:
             "</body></html>\n")
 
 
-def write(result: dict, path: str | Path) -> Path:
-    """Write the page atomically; an existing file is replaced only if it is one of ours."""
+def check(path: str | Path) -> Path:
+    """Refuse, before any work, a target that is not an .html name or not a page of ours."""
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
         raise OutputRefused(f"{path}: --html names an .html file")
-    if path.exists():
-        head = path.read_bytes()[:4096]
-        if GENERATOR.encode() not in head:
-            raise OutputRefused(f"{path}: exists and is not a contextguard report; not overwritten")
+    refuse_unless_ours(path, GENERATOR.encode(), "a contextguard report")
+    return path
+
+
+def write(result: dict, path: str | Path) -> Path:
+    """Write the page whole; an existing file is replaced only if it is one of ours."""
+    path = check(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(to_html(result), encoding="utf-8")
-    os.replace(partial, path)
+    replace_file(path, to_html(result).encode("utf-8"))
     return path

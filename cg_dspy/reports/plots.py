@@ -10,6 +10,7 @@ numbers with the report's tables.
 
 from __future__ import annotations
 
+import io
 import textwrap
 import zlib
 from pathlib import Path
@@ -20,6 +21,7 @@ matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
 from cg_dspy.evaluation.data import LENGTH_BINS  # noqa: E402
+from cg_dspy.evaluation.store import refuse_unless_ours, replace_file  # noqa: E402
 from cg_dspy.method.program import ABLATIONS  # noqa: E402
 from cg_dspy.method.schemas import CATEGORIES  # noqa: E402
 from cg_dspy.reports.analysis import NEAR_MISS_BINS, RUBRIC_TYPES, comparisons  # noqa: E402
@@ -285,14 +287,38 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text).strip("_")
 
 
-def write_all(result: dict, directory: str | Path) -> list[Path]:
-    """Every figure as a PNG in `directory`; returns the files written."""
+SOFTWARE = "contextguard report"  # in each PNG's metadata: how a figure of ours is known
+STEMS = ("tsr_by_sub_category", "tsr_by_length", "near_miss", "rubric_type_failure", "migration")
+
+
+def _ours_by_name(directory: Path) -> list[Path]:
+    return [p for p in directory.iterdir() if p.suffix == ".png" and p.stem.startswith(STEMS)]
+
+
+def check(directory: str | Path) -> Path:
+    """Refuse, before any work, a folder that is a file or holds figures that are not ours."""
     out = Path(directory)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out}: --plots names a folder; this is a file")
+    if out.is_dir():
+        for path in _ours_by_name(out):
+            refuse_unless_ours(path, SOFTWARE.encode(), "a contextguard figure")
+    return out
+
+
+def write_all(result: dict, directory: str | Path) -> list[Path]:
+    """Every figure as a PNG in `directory` (figures of an earlier report that this one
+    does not draw are removed); returns the files written."""
+    out = check(directory)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for stem, fig in figures(result).items():
         path = out / f"{stem}.png"
-        fig.savefig(path, dpi=DPI)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": SOFTWARE})
         plt.close(fig)
+        replace_file(path, buffer.getvalue())
         written.append(path)
+    for stale in set(_ours_by_name(out)) - set(written):
+        stale.unlink()
     return written
