@@ -542,12 +542,16 @@ def register_prompts(program, base, *, tuned: tuple[str, ...], run_id: str, mess
     versions = {}
     for stage, prompt in prompts.items():
         name = prompt_name(stage)
-        version = (_versions(name) or [None])[-1]
-        if version is None:
-            version = mlflow.genai.register_prompt(
+        known = _versions(name)
+        if not known:
+            known = [mlflow.genai.register_prompt(
                 name, base_prompts[stage]["instructions"], commit_message="untuned (the paper's prompt)",
-                tags={"variant": "base", "demos": "0", "cg_dspy_config": config})
-        if stage in tuned:
+                tags={"variant": "base", "demos": "0", "cg_dspy_config": config})]
+        # An untuned stage links the version this run used (its instruction, no demos), not
+        # whatever another run registered last.
+        version = next((v for v in known if v.template == prompt["instructions"] and not prompt["demos"]
+                        and (v.tags or {}).get("demos", "0") == "0"), None)
+        if stage in tuned or version is None:
             demos_file = f"prompts/{stage}.demos.json"
             mlflow.log_dict(redact(prompt["demos"]), demos_file)
             demos = json.dumps(prompt["demos"], sort_keys=True, default=str)
@@ -556,8 +560,8 @@ def register_prompts(program, base, *, tuned: tuple[str, ...], run_id: str, mess
                 tags={**{k: str(v) for k, v in tags.items()}, "variant": "tuned", "run_id": run_id,
                       "demos": str(len(prompt["demos"])), "demos_uri": f"runs:/{run_id}/{demos_file}",
                       "demos_digest": hashlib.sha256(demos.encode()).hexdigest()[:16], "cg_dspy_config": config})
-            if alias:
-                mlflow.genai.set_prompt_alias(name, alias, int(version.version))
+        if alias:  # on every stage, so the alias names one run's whole program
+            mlflow.genai.set_prompt_alias(name, alias, int(version.version))
         client.link_prompt_version_to_run(run_id, version)
         versions[stage] = version
     return versions
@@ -580,7 +584,8 @@ def load_prompt_state(uri: str) -> dict:
         except Exception:  # noqa: BLE001 - no version under that alias for this stage
             continue
         tags = version.tags or {}
-        config = config or (json.loads(tags["cg_dspy_config"]) if tags.get("cg_dspy_config") else None)
+        if tags.get("cg_dspy_config") and (config is None or tags.get("variant") == "tuned"):
+            config = json.loads(tags["cg_dspy_config"])  # a tuned version's run decides the settings
         demos = _download_json(tags["demos_uri"]) if tags.get("demos_uri") else []
         state[stage] = {"signature": {"instructions": version.template}, "demos": demos}
     if not state:

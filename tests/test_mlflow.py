@@ -149,3 +149,21 @@ def test_eval_of_an_untraced_results_file_traces_the_grading(tmp_path):
     assert verdicts["R04"][1].startswith("no closing line\n\nRequirement: " + rubric)  # what failed, in the UI
     assert [verdicts[f"R0{i}"][0] for i in (1, 2, 3)] == [True, True, True]
     assert rows["demo-dk-1"]["requirement_status"] == ["yes", "yes", "yes", "no"]
+
+
+def test_an_alias_names_one_runs_whole_program_and_untuned_stages_link_what_the_run_used(store, tmp_path):
+    lm, _ = scripted_lm(behaviour)
+    train, dev = by_ids("dk-01", "dk-02"), by_ids("dk-03", "dk-04")
+    first = optimize.optimize(optimizer="gepa", train=train, dev=dev, task_lm=lm, judge_lm=lm, reflection_lm=lm,
+                              budget="light", threads=2, tunable=("audit", "revise"), alias="best")
+    assert first.program.audit.signature.instructions == RULE
+    second = optimize.optimize(optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm,
+                               budget="light", threads=2, tunable=("revise",), alias="best",
+                               ablate=("protection",))
+    state = tracking.load_prompt_state("prompts:/contextguard@best")
+    assert state["audit"]["signature"]["instructions"] == ContextGuard().audit.signature.instructions  # not RULE
+    assert state["revise"]["signature"]["instructions"] == second.program.revise.signature.instructions
+    assert state["cg_dspy"]["ablate"] == ["protection"]  # the settings of the run the alias names
+    linked = {p["name"]: int(p["version"])
+              for p in json.loads(mlflow.get_run(second.run_id).data.tags["mlflow.linkedPrompts"])}
+    assert linked["contextguard.audit"] == 1  # the base it ran with, not the first run's tuned version

@@ -252,3 +252,34 @@ def test_findings_listed_as_plain_strings_are_findings_not_a_failed_stage(proc_t
     assert engine.stages() == ["draft", "audit", "procedure", "revise"]
     assert pred.path == "revised" and pred.answer == REVISED
     assert [i.text for i in pred.fix_set] == ["unlocking the door despite the fridge"]
+
+
+def test_each_stage_span_carries_its_own_call_not_the_running_total(proc_task):
+    from contextlib import contextmanager
+
+    from cg_dspy.method.stages import observing
+
+    seen = []
+
+    class Seen:
+        trace_ref = None
+
+        def __init__(self, name):
+            self.name, self.attributes = name, {}
+            seen.append(self)
+
+        def set(self, outputs=None, **attributes):
+            self.attributes.update(attributes, outputs=outputs)
+
+    @contextmanager
+    def observer(name, attributes):
+        yield Seen(name)
+
+    audits = iter([FAULTY_AUDIT, CLEAN_AUDIT])
+    replies = script()
+    with observing(observer):
+        run(ContextGuard(max_rounds=2), proc_task,
+            lambda stage, messages: next(audits) if stage == "audit" else replies[stage])
+    audit_spans = [s for s in seen if s.name == "audit"]
+    assert [s.attributes["calls"] for s in audit_spans] == [1, 1]  # not 1, then 2
+    assert [len(s.attributes["outputs"]["possibly_wrong"]) for s in audit_spans] == [1, 0]

@@ -87,12 +87,13 @@ class Stages:
     def run(self, name: str, predictor, /, **inputs):
         """Call `predictor(**inputs)` as stage `name`; raise StageFailure on bad output."""
         with span(name) as watched:
-            out = None
+            out, before, failed = None, dict(self.cost[name]), len(self.failures)
             try:
                 out = self._attempts(name, predictor, inputs)
                 return out
-            finally:
-                watched.set(**self.cost[name], failures=[f for f in self.failures if f.startswith(f"{name}:")],
+            finally:  # this call's own cost and failures (a stage may run once per round)
+                watched.set(**{k: v - before[k] for k, v in self.cost[name].items()},
+                            failures=self.failures[failed:],
                             outputs=None if out is None or watched is _UNWATCHED else shown(out))
 
     def _attempts(self, name: str, predictor, inputs: dict):
