@@ -9,6 +9,7 @@ are for real bugs, and only with --debug.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -351,16 +352,17 @@ def cmd_optimize(args) -> int:
                                          temperature=1.0, max_tokens=4000, cache=not args.no_cache))
     if not args.no_track:
         tracking.setup(args.tracking_uri, args.experiment)
-    result = optimize.optimize(
-        optimizer=args.optimizer, train=train, dev=dev, budget=args.budget,
-        task_lm=build_lm(task_settings),
-        judge_lm=build_lm(judge_settings, default_temperature=JUDGE_TEMPERATURE),
-        reflection_lm=reflection, method=args.method, ablate=tuple(args.ablate), tunable=tuple(args.tunable),
-        layout=args.layout,
-        threads=args.threads, out=args.out, track=not args.no_track, trace=not args.no_trace, alias=args.alias,
-        params={"task_lm": task_settings.describe(), "judge_lm": judge_settings.describe(),
-                "train": args.train, "dev": args.dev},
-    )
+    with contextlib.redirect_stdout(sys.stderr):  # optimizers print progress; stdout is the JSON below
+        result = optimize.optimize(
+            optimizer=args.optimizer, train=train, dev=dev, budget=args.budget,
+            task_lm=build_lm(task_settings),
+            judge_lm=build_lm(judge_settings, default_temperature=JUDGE_TEMPERATURE),
+            reflection_lm=reflection, method=args.method, ablate=tuple(args.ablate), tunable=tuple(args.tunable),
+            layout=args.layout, threads=args.threads, out=args.out, track=not args.no_track,
+            trace=not args.no_trace, alias=args.alias,
+            params={"task_lm": task_settings.describe(), "judge_lm": judge_settings.describe(),
+                    "train": args.train, "dev": args.dev},
+        )
     print(json.dumps({"dev_before": result.dev_before, "dev_after": result.dev_after, "program": args.out,
                       "mlflow_run": result.run_id, "judge_calls": result.judge_calls}, indent=1))
     failed = {k: v for k, v in (("before", result.dev_before), ("after", result.dev_after)) if v["errors"]}
@@ -537,6 +539,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Shortened(logging.Filter):
+    """DSPy's optimizers log a failed example whole (a CL-bench context runs to 200K
+    characters): keep the line, not the context."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if len(text) > 600:
+            record.msg, record.args = f"{text[:300]} … {text[-200:]}", None
+        return True
+
+
 class _KnownTruncation(logging.Filter):
     """DSPy logs every reply cut at max_tokens; each stage records it and the run
     summary counts it (`truncated_replies`), so the line per call is noise."""
@@ -557,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(name, value)
     patches.install()
     logging.getLogger("dspy.clients.lm").addFilter(_KnownTruncation())
+    for name in ("dspy.utils.parallelizer", "dspy.teleprompt", "dspy.evaluate"):
+        logging.getLogger(name).addFilter(_Shortened())
     try:
         return args.fn(args)
     except USER_ERRORS as exc:

@@ -185,3 +185,11 @@ def test_labels_from_files_cannot_break_the_markdown_tables():
     evil = [{**r, "method": "x|y\n# Injected"} for r in BEFORE]
     md = markdown.to_markdown(analysis.report(analysis.runs_by_label({"a.jsonl": evil})))
     assert "\n# Injected" not in md and "x\\|y # Injected" in md
+
+
+def test_a_sub_category_name_under_two_categories_is_one_row_per_category():
+    rows = [row("u1", D, "unknown", ["yes"]), row("u2", R, "unknown", ["no"]), row("s", D, "Science", ["yes"])]
+    subs = analysis.run_summary(rows)["by_sub_category"]
+    assert subs == {"Science": {"tasks": 1, "solved": 1, "task_solving_rate": 100.0, "category": D},
+                    f"unknown ({D})": {"tasks": 1, "solved": 1, "task_solving_rate": 100.0, "category": D},
+                    f"unknown ({R})": {"tasks": 1, "solved": 0, "task_solving_rate": 0.0, "category": R}}

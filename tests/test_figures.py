@@ -15,6 +15,12 @@ from cg_dspy.reports import analysis, html, markdown, plots
 from cg_dspy.reports.analysis import NEAR_MISS_BINS, RUBRIC_TYPES
 
 
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plots.plt.close("all")
+
+
 @pytest.fixture(scope="module")
 def table14():
     before, after = table14_rows()

@@ -80,10 +80,19 @@ def _rate_table(rows: list[GradedRow], key) -> dict[str, dict]:
     }
 
 
-def _with_category(table: dict[str, dict], rows: list[GradedRow]) -> dict[str, dict]:
-    """Tag each sub-category with its macro-category, for grouping in Figure 3."""
-    owner = {r.metadata.sub_category: r.metadata.context_category for r in rows}
-    return {sub: {**cell, "category": owner.get(sub, "unknown")} for sub, cell in table.items()}
+def _sub_categories(rows: list[GradedRow]) -> dict[str, dict]:
+    """TSR per sub-category, each tagged with its macro-category (Figure 3's grouping); a
+    name found under two categories (e.g. a missing one, "unknown") is one row per category."""
+    owners: dict[str, set[str]] = defaultdict(set)
+    for r in rows:
+        owners[r.metadata.sub_category].add(r.metadata.context_category)
+
+    def key(r: GradedRow) -> str:
+        sub = r.metadata.sub_category
+        return sub if len(owners[sub]) == 1 else f"{sub} ({r.metadata.context_category})"
+
+    owner = {key(r): r.metadata.context_category for r in rows}
+    return {sub: {**cell, "category": owner[sub]} for sub, cell in _rate_table(rows, key).items()}
 
 
 def rubric_type_failure(rows, typer=rubric_type) -> dict[str, float | None]:
@@ -115,7 +124,7 @@ def run_summary(rows, typer=rubric_type) -> dict:
         "solved": n_solved,
         "task_solving_rate": _pct(n_solved, n),
         "by_category": _rate_table(rows, lambda r: r.metadata.context_category),
-        "by_sub_category": _with_category(_rate_table(rows, lambda r: r.metadata.sub_category), rows),
+        "by_sub_category": _sub_categories(rows),
         "by_length_bin": {b: by_length[b] for b in LENGTH_BINS if b in by_length},
         "near_miss": near,
         "rubric_type_failure": rubric_type_failure(rows, typer),
