@@ -167,16 +167,17 @@ def subcategory_figure(result: dict):
     order = {c: i for i, c in enumerate(CATEGORIES)}
     subs = sorted(cats, key=lambda s: (order.get(cats[s], len(order)), s))
     rows: list[str] = []  # top to bottom: a category heading, then its sub-categories
+    headings: set[int] = set()
     for cat in dict.fromkeys(cats[s] for s in subs):
-        rows += [f"[{cat}]"] + [s for s in subs if cats[s] == cat]
-    series = {n: [None if r.startswith("[") else (runs[n]["by_sub_category"].get(r) or {}).get("task_solving_rate")
-                  for r in rows] for n in names}
+        headings.add(len(rows))
+        rows += [cat] + [s for s in subs if cats[s] == cat]
+    series = {n: [None if i in headings else (runs[n]["by_sub_category"].get(r) or {}).get("task_solving_rate")
+                  for i, r in enumerate(rows)] for n in names}
     fig, ax = _figure(9, 1.2 + 0.22 * len(rows) * max(1.6, len(names) * 0.9))
-    headings = {i for i, r in enumerate(rows) if r.startswith("[")}
     _grouped_bars(ax, rows, series, _colours(names), horizontal=True, blank=headings)
-    ax.set_yticks(range(len(rows)), [r.strip("[]") for r in rows])
-    for tick, r in zip(ax.get_yticklabels(), rows):
-        if r.startswith("["):
+    ax.set_yticks(range(len(rows)), rows)
+    for i, tick in enumerate(ax.get_yticklabels()):
+        if i in headings:
             tick.set_fontweight("bold")  # a macro-category heading, its sub-categories below
     ax.invert_yaxis()
     _value_axis(ax, [v for vs in series.values() for v in vs], horizontal=True, label="Task-solving rate (%)")
