@@ -150,18 +150,12 @@ def log_split(name: str, tasks, source: str) -> None:
 # recorded in memory (a few microseconds each) and a whole task is handed to a trace
 # writer: a separate, low-priority process that builds the MLflow trace with the recorded
 # times and writes it, on a core the run does not need. Leaving `tracing()` waits until
-# every trace is written. A trace carries the task id as a tag and the run as its source,
-# which is how `eval` finds it again.
+# every trace is written. A trace carries the task id as a tag and is linked to its run
+# (and to the eval run that grades it), which is how `eval` finds it again.
 
 TASK_TAG = "cg_dspy.task_id"
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 _TRACE_ID = re.compile(r"tr-[0-9a-f]{32}")
-
-
-def _outputs(outputs: dict | None, attributes: dict) -> dict | None:
-    """A span's outputs: what the stage produced, or a task's final answer."""
-    answer = attributes.pop("answer", None)
-    return outputs if outputs is not None else None if answer is None else {"answer": answer}
 
 
 class _Span:
@@ -172,7 +166,6 @@ class _Span:
         self.trace_ref = {"trace_id": live.trace_id}
 
     def set(self, outputs: dict | None = None, **attributes) -> None:
-        outputs = _outputs(outputs, attributes)
         if outputs is not None:
             self.live.set_outputs(outputs)
         self.live.set_attributes({k: v for k, v in attributes.items() if v is not None})
@@ -194,7 +187,6 @@ class _Recorded:
         self.trace_ref = {"run_id": run_id}
 
     def set(self, outputs: dict | None = None, **attributes) -> None:
-        outputs = _outputs(outputs, attributes)
         if outputs is not None:
             self.node["outputs"] = outputs
         self.node["attributes"].update({k: v for k, v in attributes.items() if v is not None})
@@ -325,18 +317,15 @@ def write_traces() -> None:
                         written[task] = trace_id
             if spans:
                 client.log_spans(experiment_id, spans)  # creates the traces, tags and all
-                for i in range(0, len(new), 100):  # the store links at most 100 per call
-                    runs.link_traces_to_run(new[i:i + 100], run_id)
-                linked.update(new)
-            graded = []  # traces of another run (`run`'s, when `eval` grades them) get linked here too
-            for message in messages:
-                if "verdicts" in message and _log_row_verdicts(message["verdicts"], found, message["judge"]):
-                    trace_id = found(message["verdicts"])
-                    if trace_id not in linked:
-                        graded.append(trace_id)
-                        linked.add(trace_id)
-            for i in range(0, len(graded), 100):
-                runs.link_traces_to_run(graded[i:i + 100], run_id)
+            for message in messages:  # traces of another run (`run`'s, graded by `eval`) are linked too
+                if "verdicts" in message:
+                    trace_id = _trace_of(message["verdicts"], found)
+                    if trace_id and _log_row_verdicts(message["verdicts"], trace_id, message["judge"]):
+                        new.append(trace_id)
+            new = [t for t in dict.fromkeys(new) if t not in linked]
+            for i in range(0, len(new), 100):  # the store links at most 100 per call
+                runs.link_traces_to_run(new[i:i + 100], run_id)
+            linked.update(new)
         except Exception as error:  # a store that fails loses these traces, never the run
             logging.getLogger(__name__).warning("could not write %d trace(s): %s", len(batch), error)
     sys.stderr.flush()
@@ -443,16 +432,19 @@ def log_verdicts(graded_rows: list[dict], *, judge: str) -> int:
     Returns how many were logged; a trace the store does not hold is skipped. (Traced
     runs do this as they go, in the trace writer; this is for a graded file after the fact.)"""
     find = _TraceFinder()
-    return sum(_log_row_verdicts(row, find, judge) for row in graded_rows)
+    return sum(_log_row_verdicts(row, trace_id, judge) for row in graded_rows
+               if (trace_id := _trace_of(row, find)))
 
 
-def _log_row_verdicts(row: dict, find, judge: str) -> int:
+def _trace_of(row: dict, find) -> str | None:
+    """The trace a graded row's verdicts go on (none for a row whose grading failed)."""
+    return None if row.get("error") else find(row)
+
+
+def _log_row_verdicts(row: dict, trace_id: str, judge: str) -> int:
     from mlflow.entities import AssessmentSource
     from mlflow.exceptions import MlflowException
 
-    trace_id = None if row.get("error") else find(row)
-    if trace_id is None:
-        return 0
     source = AssessmentSource(source_type="LLM_JUDGE", source_id=judge)
     rubrics, votes = row.get("rubrics") or [], row.get("votes") or []
     reasons = _reasons(row.get("grading_rationale") or "", len(rubrics))

@@ -82,7 +82,7 @@ def generate_row(program: dspy.Module, task: Task, method: str, lm, draft: str |
         watched.set(path=trace.get("path"), fix_set=len(pred.get("fix_set") or []),
                     protect_set=len(pred.get("protect_set") or []), calls=totals["calls"],
                     cached=totals["cached"], prompt_tokens=totals["prompt_tokens"],
-                    completion_tokens=totals["completion_tokens"], answer=pred.answer)
+                    completion_tokens=totals["completion_tokens"], outputs={"answer": pred.answer})
     if watched.trace_ref:
         trace["mlflow"] = watched.trace_ref  # where this task's trace is (a trace id, or its run)
     return {**base_row(task, input_digest(task, draft)), "model_output": pred.answer, "method": method,
