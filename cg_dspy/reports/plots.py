@@ -158,6 +158,23 @@ def _inside(box, outer) -> bool:
     return box.x0 >= outer.x0 and box.x1 <= outer.x1 and box.y0 >= outer.y0 and box.y1 <= outer.y1
 
 
+def _bar_chart(series: dict[str, list], ticks: list[str], *, size: tuple[float, float], horizontal: bool,
+               title: str, value_label: str, room: float = 1.18, blank=(), title_size: float | None = None,
+               **bar_options):
+    """The one shape of every bar figure: grouped bars with their values, ticks along the
+    groups (top to bottom when horizontal), a value axis from zero, a title and the legend."""
+    names = list(series)
+    fig, ax = _figure(*size)
+    _grouped_bars(ax, ticks, series, _colours(names), horizontal=horizontal, blank=blank, **bar_options)
+    (ax.set_yticks if horizontal else ax.set_xticks)(range(len(ticks)), ticks)
+    if horizontal:
+        ax.invert_yaxis()
+    _value_axis(ax, [v for vs in series.values() for v in vs], horizontal=horizontal, room=room, label=value_label)
+    fig.suptitle(title, fontsize=title_size)
+    _legend(fig, names)
+    return fig, ax
+
+
 def subcategory_figure(result: dict):
     """Figure 3: TSR per sub-category, grouped under their macro-category (horizontal bars,
     so long names stay readable)."""
@@ -173,16 +190,12 @@ def subcategory_figure(result: dict):
         rows += [cat] + [s for s in subs if cats[s] == cat]
     series = {n: [None if i in headings else (runs[n]["by_sub_category"].get(r) or {}).get("task_solving_rate")
                   for i, r in enumerate(rows)] for n in names}
-    fig, ax = _figure(9, 1.2 + 0.22 * len(rows) * max(1.6, len(names) * 0.9))
-    _grouped_bars(ax, rows, series, _colours(names), horizontal=True, blank=headings)
-    ax.set_yticks(range(len(rows)), rows)
+    fig, ax = _bar_chart(series, rows, size=(9, 1.2 + 0.22 * len(rows) * max(1.6, len(names) * 0.9)),
+                         horizontal=True, blank=headings, value_label="Task-solving rate (%)",
+                         title=f"Task-solving rate by sub-category: {_versus(names)}")
     for i, tick in enumerate(ax.get_yticklabels()):
         if i in headings:
             tick.set_fontweight("bold")  # a macro-category heading, its sub-categories below
-    ax.invert_yaxis()
-    _value_axis(ax, [v for vs in series.values() for v in vs], horizontal=True, label="Task-solving rate (%)")
-    fig.suptitle(f"Task-solving rate by sub-category: {_versus(names)}")
-    _legend(fig, names)
     return fig
 
 
@@ -200,56 +213,45 @@ def length_figure(result: dict):
     names = list(runs)
     bins = [b for b in LENGTH_BINS if any(b in r["by_length_bin"] for r in runs.values())]
     series = {n: [(runs[n]["by_length_bin"].get(b) or {}).get("task_solving_rate") for b in bins] for n in names}
-    fig, ax = _figure(max(6.0, 1.6 + 1.3 * len(bins) * max(1, len(names)) ** 0.5), 4.4)
-    _grouped_bars(ax, bins, series, _colours(names), horizontal=False)
-    values = [v for vs in series.values() for v in vs]
-    _value_axis(ax, values, horizontal=False, room=1.32, label="Task-solving rate (%)")
     first, last = gain_pair(names)
+    fig, ax = _bar_chart(series, bins, size=(max(6.0, 1.6 + 1.3 * len(bins) * max(1, len(names)) ** 0.5), 4.4),
+                         horizontal=False, room=1.32, value_label="Task-solving rate (%)", title_size=10,
+                         title=f"Task-solving rate by input length: {_versus(names)}"
+                         + (f"\n(Δ: {last} minus {first}, points)" if first != last else ""))
     if first != last:
         top = ax.get_ylim()[1]
         for x, (a, b) in enumerate(zip(series[first], series[last])):
             if a is not None and b is not None:
                 ax.text(x, top * 0.93, f"Δ {b - a:+.1f}", ha="center", va="top", fontsize=9, fontweight="bold",
                         color=colour(last) if last in METHOD_COLOURS else "black")
-    ax.set_xticks(range(len(bins)), bins)
     ax.set_xlabel("Input length (cl100k_base tokens)")
-    fig.suptitle(f"Task-solving rate by input length: {_versus(names)}" +
-                 (f"\n(Δ: {last} minus {first}, points)" if first != last else ""), fontsize=10)
-    _legend(fig, names)
     return fig
 
 
 def near_miss_figure(result: dict):
     """Table 13 as bars: tasks per number of unsatisfied requirements, per run (count, share)."""
     runs = result["runs"]
-    names = list(runs)
-    series = {n: [runs[n]["near_miss"][b] for b in NEAR_MISS_BINS] for n in names}
-    totals = {n: sum(series[n]) or 1 for n in names}
-    fig, ax = _figure(max(7.0, 2 + 0.55 * len(NEAR_MISS_BINS) * len(names)), 4.4)
-    _grouped_bars(ax, list(NEAR_MISS_BINS), series, _colours(names), horizontal=False,
-                  fmt=lambda name, v: f"{v}\n{100 * v / totals[name]:.1f}%", fontsize=7 if len(names) > 2 else 8)
-    _value_axis(ax, [v for vs in series.values() for v in vs], horizontal=False, room=1.3, label="tasks")
-    ax.set_xticks(range(len(NEAR_MISS_BINS)), [f"{b} failed" for b in NEAR_MISS_BINS])
+    series = {n: [runs[n]["near_miss"][b] for b in NEAR_MISS_BINS] for n in runs}
+    totals = {n: sum(series[n]) or 1 for n in runs}
+    fig, ax = _bar_chart(series, [f"{b} failed" for b in NEAR_MISS_BINS],
+                         size=(max(7.0, 2 + 0.55 * len(NEAR_MISS_BINS) * len(runs)), 4.4), horizontal=False,
+                         room=1.3, value_label="tasks", title=f"Near-miss distribution: {_versus(list(runs))}",
+                         fmt=lambda name, v: f"{v}\n{100 * v / totals[name]:.1f}%",
+                         fontsize=7 if len(runs) > 2 else 8)
     ax.set_xlabel("Unsatisfied requirements per task (0 = solved)")
-    fig.suptitle(f"Near-miss distribution: {_versus(names)}")
-    _legend(fig, names)
     return fig
 
 
 def rubric_type_figure(result: dict):
     """Table 2 as bars: failure rate per requirement type, per run (lower is better)."""
     runs = result["runs"]
-    names = list(runs)
-    series = {n: [runs[n]["rubric_type_failure"][t] for t in RUBRIC_TYPES] for n in names}
-    fig, ax = _figure(8.5, 1.4 + 0.5 * len(RUBRIC_TYPES) * max(1.0, len(names) * 0.6))
-    _grouped_bars(ax, list(RUBRIC_TYPES), series, _colours(names), horizontal=True)
-    ax.set_yticks(range(len(RUBRIC_TYPES)), RUBRIC_TYPES)
-    ax.invert_yaxis()
-    _value_axis(ax, [v for vs in series.values() for v in vs], horizontal=True, room=1.3,
-                label="Failure rate (%, task-averaged within each type; lower is better)")
+    series = {n: [runs[n]["rubric_type_failure"][t] for t in RUBRIC_TYPES] for n in runs}
     typer = result.get("rubric_typer") or "keyword"
-    fig.suptitle(f"Failure rate by requirement type: {_versus(names)}\n(types by the {typer} typer)", fontsize=10)
-    _legend(fig, names)
+    fig, _ = _bar_chart(series, list(RUBRIC_TYPES),
+                        size=(8.5, 1.4 + 0.5 * len(RUBRIC_TYPES) * max(1.0, len(runs) * 0.6)), horizontal=True,
+                        room=1.3, value_label="Failure rate (%, task-averaged within each type; lower is better)",
+                        title=f"Failure rate by requirement type: {_versus(list(runs))}\n(types by the {typer} typer)",
+                        title_size=10)
     return fig
 
 
