@@ -288,10 +288,11 @@ def cmd_report(args) -> int:
         errors += bad
     typer = _typer(args, files)
     result = analysis.report(analysis.runs_by_label(files), **typer)
+    drawn = plots.rendered(result) if args.plots or args.html else None  # drawn once for both
     if args.plots:
-        plots.write_all(result, args.plots)
+        plots.write_all(result, args.plots, drawn)
     if args.html:
-        html.write(result, args.html)
+        html.write(result, args.html, drawn)
     print(json.dumps(result, indent=1) if args.format == "json" else markdown.to_markdown(result))
     return EXIT_FAILED if errors else EXIT_OK
 

@@ -98,7 +98,8 @@ def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol=
                                  for m, g in graded_runs.items() if m != base}
     (out_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     (out_dir / "report.md").write_text(markdown.to_markdown(report), encoding="utf-8")
-    plots.write_all(report, out_dir / "figures")
-    html.write(report, out_dir / "report.html")
+    drawn = plots.rendered(report)  # drawn once, for the folder and the page
+    plots.write_all(report, out_dir / "figures", drawn)
+    html.write(report, out_dir / "report.html", drawn)
     result.report = report
     return result

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 from pathlib import Path
 
 from cg_dspy.evaluation.store import OutputRefused, refuse_unless_ours, replace_file
@@ -20,34 +19,21 @@ img{max-width:100%;height:auto;border:1px solid #eee}figcaption{color:#555;font-
 .note{color:#555}nav a{margin-right:1em}"""
 
 
-def _cell(value) -> str:
-    if value is None:
-        return "–"
-    return html.escape(f"{value:.2f}" if isinstance(value, float) else str(value))
-
-
 def _table(t: markdown.Table) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in t.header)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in t.rows)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(markdown.cell(v))}</td>" for v in row) + "</tr>"
+                   for row in t.rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>" if t.header else ""
 
 
-def png_uri(fig) -> str:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=plots.DPI)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def to_html(result: dict, *, title: str = "ContextGuard report") -> str:
-    """The page: figures first (what a reader looks at), then every table of the report."""
-    import matplotlib.pyplot as plt
-
+def to_html(result: dict, *, title: str = "ContextGuard report", drawn: dict | None = None) -> str:
+    """The page: figures first (what a reader looks at), then every table of the report;
+    `drawn` (from `plots.rendered`) saves drawing the figures again."""
     figures = []
-    for stem, fig in plots.figures(result).items():
-        caption = fig.get_suptitle().replace("\n", " ") or stem
-        figures.append(f'<figure id="{stem}"><img alt="{html.escape(caption)}" src="{png_uri(fig)}">'
-                       f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-        plt.close(fig)
+    for stem, figure in (drawn or plots.rendered(result)).items():
+        src = "data:image/png;base64," + base64.b64encode(figure.png).decode("ascii")
+        figures.append(f'<figure id="{stem}"><img alt="{html.escape(figure.caption)}" src="{src}">'
+                       f"<figcaption>{html.escape(figure.caption)}</figcaption></figure>")
     sections = []
     for t in markdown.tables(result):
         note = f'<p class="note">{html.escape(t.note)}</p>' if t.note else ""
@@ -69,9 +55,9 @@ def check(path: str | Path) -> Path:
     return path
 
 
-def write(result: dict, path: str | Path) -> Path:
+def write(result: dict, path: str | Path, drawn: dict | None = None) -> Path:
     """Write the page whole; an existing file is replaced only if it is one of ours."""
     path = check(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    replace_file(path, to_html(result).encode("utf-8"))
+    replace_file(path, to_html(result, drawn=drawn).encode("utf-8"))
     return path

@@ -8,13 +8,16 @@ from cg_dspy.evaluation.data import LENGTH_BINS
 from cg_dspy.reports.analysis import NEAR_MISS_BINS, RUBRIC_TYPES, comparisons
 
 
-def _fmt(value) -> str:
-    """A table cell; text from files cannot break the table (| and newlines escaped)."""
+def cell(value) -> str:
+    """A table cell's text, in Markdown and HTML alike."""
     if value is None:
         return "–"
-    if isinstance(value, float):
-        return f"{value:.2f}"
-    return " ".join(str(value).split()).replace("|", "\\|")
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def _fmt(value) -> str:
+    """A Markdown cell; text from files cannot break the table (| and newlines escaped)."""
+    return " ".join(cell(value).split()).replace("|", "\\|")
 
 
 def _table(header: list[str], rows: list[list]) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import textwrap
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -309,18 +310,35 @@ def check(directory: str | Path) -> Path:
     return out
 
 
-def write_all(result: dict, directory: str | Path) -> list[Path]:
+@dataclass
+class Rendered:
+    """One figure as a PNG, with the title a page shows under it."""
+
+    png: bytes
+    caption: str
+
+
+def rendered(result: dict) -> dict[str, Rendered]:
+    """Every figure drawn once, as PNG bytes by file stem: what `--plots` writes and the
+    HTML page inlines."""
+    out = {}
+    for stem, fig in figures(result).items():
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": SOFTWARE})
+        out[stem] = Rendered(buffer.getvalue(), fig.get_suptitle().replace("\n", " ") or stem)
+        plt.close(fig)
+    return out
+
+
+def write_all(result: dict, directory: str | Path, drawn: dict[str, Rendered] | None = None) -> list[Path]:
     """Every figure as a PNG in `directory` (figures of an earlier report that this one
     does not draw are removed); returns the files written."""
     out = check(directory)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for stem, fig in figures(result).items():
+    for stem, figure in (drawn or rendered(result)).items():
         path = out / f"{stem}.png"
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": SOFTWARE})
-        plt.close(fig)
-        replace_file(path, buffer.getvalue())
+        replace_file(path, figure.png)
         written.append(path)
     for stale in set(_ours_by_name(out)) - set(written):
         stale.unlink()
