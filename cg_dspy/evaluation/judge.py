@@ -47,12 +47,14 @@ class JudgeFailure(Exception):
     """The judge gave no usable verdict, even when asked again: the task is not graded."""
 
 
-def ask(predictor, what: str, *, rollout: int = 0, **inputs):
+def ask(predictor, what: str, *, rollout: int | None = 0, **inputs):
     """`predictor(**inputs)`, asked again up to JUDGE_ATTEMPTS times while the reply
-    does not parse; each attempt is its own sample (its own cache entry)."""
+    does not parse; each attempt is its own sample (its own cache entry). `rollout=None`
+    for an LM without a cache, at temperature 0, where a rollout id means nothing."""
     for attempt in range(JUDGE_ATTEMPTS):
+        config = {} if rollout is None else {"config": {"rollout_id": rollout + 1000 * attempt}}
         try:
-            return predictor(**inputs, config={"rollout_id": rollout + 1000 * attempt})
+            return predictor(**inputs, **config)
         except (AdapterParseError, pydantic.ValidationError) as exc:
             last = exc
     first = (str(last).strip().splitlines() or [""])[0][:200]

@@ -14,10 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import dspy
-import pydantic
-from dspy.utils.exceptions import AdapterParseError
 
-from cg_dspy.evaluation.judge import JUDGE_ATTEMPTS
+from cg_dspy.evaluation.judge import JudgeFailure, ask
 from cg_dspy.evaluation.rows import graded_rows
 from cg_dspy.evaluation.store import replace_file
 from cg_dspy.lms import lm_identity, using
@@ -57,6 +55,7 @@ class LMTyper:
         self.failed: list[str] = []
         self.unsaved: list[str] = []  # caches that could not be written
         self.unreachable: str | None = None
+        self.typed = 0  # rubrics of the last type_files that have a type
 
     def describe(self) -> str:
         return f"LM ({self.identity.get('model')})"
@@ -76,16 +75,13 @@ class LMTyper:
     def _classify(self, rubric: str) -> str | None:
         if self.unreachable:
             return None
-        for _attempt in range(JUDGE_ATTEMPTS):
-            try:
-                with using(self.lm):
-                    return self.predict(requirement=rubric).requirement_type
-            except (AdapterParseError, pydantic.ValidationError) as exc:  # asked again
-                last = f"{type(exc).__name__}: {str(exc)[:200]}"
-            except Exception as exc:  # the LM did not answer: no other rubric asks it again
-                self.unreachable = self.unreachable or f"{type(exc).__name__}: {str(exc)[:300]}"
-                return None
-        self.failed.append(f"{rubric[:80]!r}: {last}")
+        try:
+            with using(self.lm):
+                return ask(self.predict, f"rubric {rubric[:80]!r}", rollout=None, requirement=rubric).requirement_type
+        except JudgeFailure as exc:  # replies that never parsed: this rubric stays untyped
+            self.failed.append(str(exc))
+        except Exception as exc:  # the LM did not answer: no other rubric asks it again
+            self.unreachable = self.unreachable or f"{type(exc).__name__}: {str(exc)[:300]}"
         return None
 
     def type_files(self, files: dict[str, list]) -> None:
