@@ -265,13 +265,18 @@ def _typer(args, files: dict[str, list]) -> dict:
     if typer is None:
         return {}
     typer.type_files(files)
+    _say_typed(typer)
+    return {"typer": typer, "typer_name": typer.describe()}
+
+
+def _say_typed(typer) -> None:
+    """What the LM typer did, for `report` and `bench` alike."""
     _say(f"requirement types: {typer.typed} rubrics typed by the judge LM, {typer.calls} LM calls this time"
          + (f", {len(typer.failed)} failed (left untyped; rerun to try again)" if typer.failed else ""))
     for line in typer.failed[:5]:
         _say(f"  {line}")
     for line in typer.unsaved:
         _say(f"requirement types not cached (the next report asks again): {line}")
-    return {"typer": typer, "typer_name": typer.describe()}
 
 
 def cmd_report(args) -> int:
@@ -312,13 +317,15 @@ def cmd_bench(args) -> int:
     html.check(out_dir / "report.html")  # what bench writes last is refused first
     plots.check(out_dir / "figures")
 
+    typer = _lm_typer(args)
+
     def go():
         return bench.run_bench(
             tasks, methods, out_dir, lm=build_lm(_lm_settings(args)),
             judge_lm=build_lm(_lm_settings(args, "judge-"), default_temperature=JUDGE_TEMPERATURE),
             votes=args.votes, protocol=args.protocol, threads=args.threads, progress=not args.quiet,
             early_stop=not (args.no_early_stop or args.judge_stability), force=args.force,
-            resume_anyway=args.resume_anyway, typer=_lm_typer(args),
+            resume_anyway=args.resume_anyway, typer=typer,
             inputs=(_file_input(args.tasks),), layout=args.layout)
 
     params = {"tasks": args.tasks, "task_count": len(tasks), "methods": methods, "protocol": args.protocol,
@@ -333,6 +340,8 @@ def cmd_bench(args) -> int:
             tracking.log_report(result.report, per_run=True)
             tracking.log_artifacts(out_dir, "bench")
     if result.report:
+        if typer is not None:
+            _say_typed(typer)
         print(markdown.to_markdown(result.report))
     _report_failures(result.failed, "task")
     if result.interrupted:
