@@ -6,10 +6,22 @@ The method lives in `cg_dspy.method`, LMs and adapters in `cg_dspy.lms`, CL-benc
 and grading in `cg_dspy.evaluation`, the paper's tables and figures in
 `cg_dspy.reports`, prompt optimization in `cg_dspy.optimize`, MLflow in
 `cg_dspy.tracking`. Importing the package changes nothing in the process (no
-environment variables, no DSPy patches): the `contextguard` command does that.
+environment variables, no DSPy patches): the `contextguard` command does that. The
+names below load on first use, so a helper process (the trace writer) that needs none
+of them does not pay for DSPy.
 """
 
-from cg_dspy.method import Baseline, ContextGuard, SelfRefine
-from cg_dspy.saved import load_program
+from __future__ import annotations
 
-__all__ = ["Baseline", "ContextGuard", "SelfRefine", "load_program"]
+import importlib
+
+_EXPORTS = {"Baseline": "cg_dspy.method", "ContextGuard": "cg_dspy.method", "SelfRefine": "cg_dspy.method",
+            "load_program": "cg_dspy.saved"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'cg_dspy' has no attribute {name!r}")

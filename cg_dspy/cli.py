@@ -15,7 +15,9 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -82,7 +84,8 @@ def _add_lm_flags(p: argparse.ArgumentParser, prefix: str = "", role: str = "tas
     p.add_argument(f"--{prefix}item-limit", type=positive_int, help="items per audit/checker list the output "
                    "schema allows (default 24; the embedded model: 2)")
     p.add_argument(f"--{prefix}item-chars", type=positive_int, help="characters per audit/checker item (default "
-                   "500; the embedded model: 100)")
+                   "500, also the most a schema bound carries: llama.cpp's grammar compiler fails on longer ones; "
+                   "the embedded model: 100)")
 
 
 def _lm_settings(args, prefix: str = "") -> LMSettings:
@@ -163,7 +166,7 @@ def _read(path: str, model, what: str):
 
 @contextmanager
 def _tracked(args, name: str, kind: str, params: dict):
-    """An MLflow run of `kind` (unless --no-track)."""
+    """An MLflow run of `kind` (unless --no-track); it ends KILLED when stopped early."""
     if args.no_track:
         yield None
         return
@@ -176,14 +179,25 @@ def _tracked(args, name: str, kind: str, params: dict):
 
 @contextmanager
 def _traced(args, active):
-    """Every task in this block traced, inside the run (unless --no-track / --no-trace)."""
+    """Every task in this block traced, inside the run (unless --no-track / --no-trace);
+    yields the trace report, complete when the block ends."""
     if active is None or args.no_trace:
-        yield
+        yield None
         return
     from cg_dspy import tracking
 
-    with tracking.tracing():
-        yield
+    with tracking.tracing() as report:
+        yield report
+
+
+def _traces_said(report) -> dict:
+    """What tracing stored, said once when anything was lost; for the summary."""
+    if report is None:
+        return {}
+    warning = report.warning()
+    if warning:
+        _say(f"contextguard: {warning}")
+    return report.as_dict()
 
 
 def cmd_run(args) -> int:
@@ -201,24 +215,34 @@ def cmd_run(args) -> int:
         method = args.method
     settings = _lm_settings(args)
     lm = build_lm(settings)
-    params = {"tasks": args.tasks, "out": args.out, "method": method, "program": program.config(),
-              "saved_program": args.program or "", "task_count": len(tasks), "task_lm": settings.describe(),
-              "threads": args.threads}
-    with _tracked(args, f"run-{Path(args.out).stem}", "run", params) as active:
-        with _traced(args, active):
-            result = harness.run(program, tasks, args.out, lm=lm, method=method, threads=args.threads,
-                                 progress=not args.quiet, force=args.force, resume_anyway=args.resume_anyway,
-                                 inputs=(_file_input(args.tasks), args.program))
-        if active:
-            from cg_dspy import tracking
+    params = {"tasks": args.tasks, "method": method, "program": program.config(), "saved_program": args.program or "",
+              "task_count": len(tasks), "task_lm": settings.describe(), "threads": args.threads}
+    outs = [(Path(args.out), None)] if args.repeats == 1 else \
+        [(harness.repeat_path(args.out, i), i) for i in range(1, args.repeats + 1)]
+    summaries, status = {}, EXIT_OK
+    for out, repeat in outs:
+        with _tracked(args, f"run-{out.stem}", "run", {**params, "out": str(out), "repeat": repeat}) as active:
+            with _traced(args, active) as traces:
+                result = harness.run(program, tasks, out, lm=lm, method=method, threads=args.threads,
+                                     progress=not args.quiet, force=args.force, resume_anyway=args.resume_anyway,
+                                     inputs=(_file_input(args.tasks), args.program), repeat=repeat)
+            if traces is not None:
+                result.summary["traces"] = _traces_said(traces)
+            if active:
+                from cg_dspy import tracking
 
-            tracking.log_run_summary(result.summary)
-    print(json.dumps(result.summary, indent=1))
-    _report_differences(result.differences, args.out)
-    _report_failures(result.outcome.failed, "task")
-    if result.outcome.interrupted:
-        _interrupted(args.out)
-    return _status(result.outcome, errors)
+                tracking.log_run_summary(result.summary)
+                if result.outcome.interrupted:
+                    active.stopped_early()
+        summaries[str(out)] = result.summary
+        _report_differences(result.differences, out)
+        _report_failures(result.outcome.failed, "task")
+        status = max(status, _status(result.outcome, errors))
+        if result.outcome.interrupted:
+            _interrupted(out)
+            break
+    print(json.dumps(summaries[str(outs[0][0])] if args.repeats == 1 else summaries, indent=1))
+    return status
 
 
 def cmd_eval(args) -> int:
@@ -229,17 +253,21 @@ def cmd_eval(args) -> int:
               "early_stop": not args.no_early_stop, "judge_lm": settings.describe()}
     name = Path(args.out).name
     with _tracked(args, f"eval-{Path(args.results).stem}", "eval", params) as active:
-        with _traced(args, active):
+        with _traced(args, active) as traces:
             graded = judge.grade_file(rows, args.out, judge_lm=judge_lm, protocol=args.protocol, votes=args.votes,
                                       early_stop=not args.no_early_stop, threads=args.threads,
                                       progress=not args.quiet, force=args.force, resume_anyway=args.resume_anyway,
                                       inputs=(args.results,))
+        traced = _traces_said(traces)
         result = analysis.report({name: graded.rows})  # tokenizes every conversation once
         if active:
             from cg_dspy import tracking
 
             tracking.log_report(result, per_run=False)
+            tracking.log_metrics(traced, prefix="traces.")
             tracking.log_text(markdown.to_markdown(result), "report.md")
+            if graded.outcome.interrupted:
+                active.stopped_early()
     summary = result["runs"][name]
     print(json.dumps({k: summary[k] for k in ("tasks", "solved", "task_solving_rate", "near_miss")}, indent=1))
     _report_differences(graded.differences, args.out)
@@ -292,7 +320,9 @@ def cmd_report(args) -> int:
         files[path] = rows
         errors += bad
     typer = _typer(args, files)
-    result = analysis.report(analysis.runs_by_label(files), **typer)
+    result = analysis.report_files(files, **typer)
+    for note in result.get("notes") or ():
+        _say(f"note: {printable(note)}")
     drawn = plots.rendered(result) if args.plots or args.html else None  # drawn once for both
     if args.plots:
         plots.write_all(result, args.plots, drawn)
@@ -312,10 +342,9 @@ def cmd_bench(args) -> int:
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir}: --out-dir names a folder; this is a file")
-    from cg_dspy.reports import html, plots
+    from cg_dspy.reports import outputs
 
-    html.check(out_dir / "report.html")  # what bench writes last is refused first
-    plots.check(out_dir / "figures")
+    outputs.check(out_dir)  # what bench writes last is refused first
 
     typer = _lm_typer(args)
 
@@ -326,19 +355,24 @@ def cmd_bench(args) -> int:
             votes=args.votes, protocol=args.protocol, threads=args.threads, progress=not args.quiet,
             early_stop=not (args.no_early_stop or args.judge_stability), force=args.force,
             resume_anyway=args.resume_anyway, typer=typer,
-            inputs=(_file_input(args.tasks),), layout=args.layout)
+            inputs=(_file_input(args.tasks),), layout=args.layout, repeats=args.repeats)
 
     params = {"tasks": args.tasks, "task_count": len(tasks), "methods": methods, "protocol": args.protocol,
               "votes": args.votes, "layout": args.layout, "task_lm": _lm_settings(args).describe(),
               "judge_lm": _lm_settings(args, "judge-").describe()}
     with _tracked(args, f"bench-{out_dir.name}", "bench", params) as active:
-        with _traced(args, active):
+        with _traced(args, active) as traces:
             result = go()
-        if active and result.report:
+        traced = _traces_said(traces)
+        if active:
             from cg_dspy import tracking
 
-            tracking.log_report(result.report, per_run=True)
-            tracking.log_artifacts(out_dir, "bench")
+            tracking.log_metrics(traced, prefix="traces.")
+            if result.report:
+                tracking.log_report(result.report, per_run=True)
+                tracking.log_artifacts(out_dir, "bench")
+            if result.interrupted:
+                active.stopped_early()
     if result.report:
         if typer is not None:
             _say_typed(typer)
@@ -352,9 +386,13 @@ def cmd_bench(args) -> int:
 
 def cmd_optimize(args) -> int:
     from cg_dspy import optimize, tracking
+    from cg_dspy.saved import check_output
 
+    inputs = (_file_input(args.train), _file_input(args.dev))
+    check_output(args.out, force=args.force, inputs=inputs)  # before any work
     train, train_errors = _load(args.train, args.strict, None)
     dev, dev_errors = _load(args.dev, args.strict, None)
+    power = _power(args, {"dev": len(dev)})
     task_settings, judge_settings = _lm_settings(args), _lm_settings(args, "judge-")
     reflection = None
     if args.reflection_model:
@@ -369,11 +407,13 @@ def cmd_optimize(args) -> int:
             judge_lm=build_lm(judge_settings, default_temperature=JUDGE_TEMPERATURE),
             reflection_lm=reflection, method=args.method, ablate=tuple(args.ablate), tunable=tuple(args.tunable),
             layout=args.layout, threads=args.threads, out=args.out, track=not args.no_track,
-            trace=not args.no_trace, alias=args.alias,
+            trace=not args.no_trace, alias=args.alias, force=args.force, inputs=inputs,
             params={"task_lm": task_settings.describe(), "judge_lm": judge_settings.describe(),
                     "train": args.train, "dev": args.dev},
         )
-    print(json.dumps({"dev_before": result.dev_before, "dev_after": result.dev_after, "program": args.out,
+    shown = {k: {key: v for key, v in scores.items() if key != "per_task"}
+             for k, scores in (("dev_before", result.dev_before), ("dev_after", result.dev_after))}
+    print(json.dumps({**shown, "dev_change": result.dev_change, "dev_power": power, "program": args.out,
                       "mlflow_run": result.run_id, "judge_calls": result.judge_calls}, indent=1))
     failed = {k: v for k, v in (("before", result.dev_before), ("after", result.dev_after)) if v["errors"]}
     for when, scores in failed.items():
@@ -384,9 +424,10 @@ def cmd_optimize(args) -> int:
 
 def cmd_compare(args) -> int:
     from cg_dspy import tracking
+    from cg_dspy.tracking.compare import compare
 
     tracking.setup(args.tracking_uri, args.experiment, create=False)
-    result = tracking.compare(args.experiment, stages=args.stage, a=args.a, b=args.b)
+    result = compare(args.experiment, stages=args.stage, a=args.a, b=args.b)
     if args.format == "json":
         print(json.dumps(result, indent=1))
         return EXIT_OK
@@ -394,19 +435,49 @@ def cmd_compare(args) -> int:
     return EXIT_OK
 
 
+def _discordance(args) -> tuple[float, str]:
+    """The share of tasks whose outcome flips between two programs: from two graded files
+    the user gives (`--discordance-from BEFORE AFTER`), else the paper's Table 14."""
+    from cg_dspy.reports.statistics import PAPER_DISCORDANCE
+
+    if not getattr(args, "discordance_from", None):
+        return PAPER_DISCORDANCE, "the paper's Table 14 (200 of 1,899 tasks changed outcome)"
+    before, after = (_read(path, GradedRow, "graded")[0] for path in args.discordance_from)
+    change = analysis.compare(before, after)
+    flipped = change["newly_solved"] + change["broken_solved"]
+    if not flipped:
+        raise ValueError(f"{' and '.join(args.discordance_from)}: no task changed outcome, so no discordance rate "
+                         "to plan with")
+    return flipped / change["tasks_compared"], f"{args.discordance_from[0]} -> {args.discordance_from[1]} " \
+                                                f"({flipped} of {change['tasks_compared']} tasks changed outcome)"
+
+
+def _power(args, sizes: dict[str, int]) -> dict:
+    """The smallest paired difference in TSR each split detects (80% power, alpha 0.05),
+    said on stderr and returned for the JSON."""
+    from cg_dspy.reports.statistics import detectable_difference
+
+    discordance, source = _discordance(args)
+    found = {name: detectable_difference(n, discordance) for name, n in sizes.items()}
+    for name, points in found.items():
+        _say(f"{name}: {sizes[name]} tasks " + (f"detect a paired difference in task-solving rate of {points:.1f} "
+                                                  "points or more" if points is not None else
+                                                  "are too few to detect any difference") +
+             f" (80% power, two-sided alpha 0.05, discordance {discordance:.3f} from {source})")
+    return {"detectable_difference": found, "discordance": round(discordance, 4), "discordance_from": source}
+
+
 def cmd_split(args) -> int:
+    from cg_dspy.core import files
+
+    files.check(args.out, data.MANIFEST, force=args.force, inputs=(_file_input(args.tasks),))  # before reading
     loaded = data.load_tasks(args.tasks)
-    out = Path(args.out)
-    if out.is_dir():
-        raise IsADirectoryError(f"{out}: is a directory; --out names the manifest file")
-    if out.exists() and Path(args.tasks).exists() and out.resolve() == Path(args.tasks).resolve():
-        raise OutputRefused(f"{out}: is the task file itself; write the manifest elsewhere")
-    if out.exists() and not args.force and not data.is_manifest(out):
-        raise OutputRefused(f"{out}: exists and is not a split manifest; pass --force to replace it")
     fractions = tuple(float(x) for x in args.fractions.split(","))
     splits = data.make_splits(loaded.tasks, fractions, seed=args.seed)
-    data.write_manifest(out, splits, seed=args.seed, source=args.tasks)
-    print(json.dumps({k: len(v) for k, v in splits.items()}))
+    sizes = {k: len(v) for k, v in splits.items()}
+    power = _power(args, {k: n for k, n in sizes.items() if k != "train"})
+    data.write_manifest(args.out, splits, seed=args.seed, source=args.tasks, force=args.force)
+    print(json.dumps({**sizes, **power}))
     return EXIT_OK
 
 
@@ -456,6 +527,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--ablate", nargs="*", choices=ABLATIONS, default=[], help="ContextGuard components to remove")
     r.add_argument("--max-rounds", type=rounds, default=1, help=f"protected revision rounds, 1-{MAX_ROUNDS} (paper: 1)")
     r.add_argument("--out", required=True, help="result JSONL (resumed if it exists)")
+    r.add_argument("--repeats", type=positive_int, default=1,
+                   help="independent runs, each its own file (OUT.r1.jsonl, …) and sample (its own rollout id); "
+                   "`report` reads them as repeats (mean ± std). At temperature 0 they measure only the server's "
+                   "nondeterminism")
     r.add_argument("--strict", action="store_true", help="stop before any LM call if any input row is bad")
     r.add_argument("--shard", help="i/n: run only shard i of n (stable hash of task id)")
     r.add_argument("--program", help="a compiled program: JSON file or MLflow URI (runs:/ID)")
@@ -491,6 +566,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--out-dir", required=True)
     b.add_argument("--strict", action="store_true")
     b.add_argument("--shard")
+    b.add_argument("--repeats", type=positive_int, default=1,
+                   help="run (and judge) every method this many times, each its own sample; the report gives "
+                   "mean ± std and pairs methods by each task's majority outcome")
     b.add_argument("--judge-stability", action="store_true",
                    help="grade with every vote drawn (no early stop), so the report has judge stability (Table 5)")
     rubric_types(b)
@@ -511,6 +589,11 @@ def parser() -> argparse.ArgumentParser:
     tracked(e)
     tracked(b)
 
+    def discordance(sp):
+        sp.add_argument("--discordance-from", nargs=2, metavar=("BEFORE", "AFTER"),
+                        help="two graded files of the same tasks whose share of changed outcomes sizes the smallest "
+                        "detectable difference (default: the paper's Table 14, 200 of 1,899)")
+
     o = sub.add_parser("optimize", help="compile ContextGuard with a DSPy optimizer, tracked in MLflow")
     o.add_argument("--optimizer", required=True, choices=sorted(RECIPES))
     o.add_argument("--train", required=True, help="tasks: JSONL file, tencent/CL-bench, or MANIFEST.json#train")
@@ -525,6 +608,8 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--reflection-api-base")
     o.add_argument("--strict", action="store_true")
     o.add_argument("--alias", help="set this alias (e.g. best) on the run's tuned prompt versions")
+    o.add_argument("--force", action="store_true", help="replace --out even if it is not a saved program")
+    discordance(o)
     common(o, judge_flags=True)
     tracked(o)
     layout(o)
@@ -545,6 +630,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--fractions", default="0.2,0.2,0.6")
     s.add_argument("--seed", default="cg-dspy-1")
     s.add_argument("--force", action="store_true", help="replace an existing file that is not a manifest")
+    discordance(s)
     s.set_defaults(fn=cmd_split)
     return p
 
@@ -574,6 +660,10 @@ ENVIRONMENT = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "MLFLOW_DISABLE_TELEMETRY
                "HF_HUB_DISABLE_TELEMETRY": "1", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
 
 
+def _terminated(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     for name, value in ENVIRONMENT.items():
@@ -582,8 +672,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("dspy.clients.lm").addFilter(_KnownTruncation())
     for name in ("dspy.utils.parallelizer", "dspy.teleprompt", "dspy.evaluate"):
         logging.getLogger(name).addFilter(_Shortened())
+    previous = None
+    if threading.current_thread() is threading.main_thread():  # a SIGTERM ends like Ctrl-C: cleanly, exit 130
+        previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         return args.fn(args)
+    except KeyboardInterrupt:
+        _say("contextguard: stopped early. Rerun the same command to continue; finished rows are kept.")
+        return EXIT_INTERRUPTED
     except USER_ERRORS as exc:
         if args.debug:
             raise
@@ -599,6 +695,9 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"contextguard: internal error ({type(exc).__name__}: {str(exc)[:300]}); rerun with --debug for "
              "the traceback")
         return EXIT_FAILED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

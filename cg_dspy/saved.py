@@ -1,9 +1,12 @@
 """Saved programs: JSON state, read as data and applied to a freshly built program.
 
-`program.save("p.json")` (DSPy's own) writes every predictor's instruction and demos
-plus a `cg_dspy` block that says how to rebuild the program (method, ablations,
-rounds). Shared compiled programs are files and MLflow artifacts from other people,
-so loading takes only what a program is: per predictor its instruction, its fields'
+`save_program(program, "p.json")` (or DSPy's own `program.save`) writes every
+predictor's instruction and demos plus a `cg_dspy` block that says how to rebuild the
+program (method, ablations, rounds); `save_program` writes it as every output of the
+project is written (`core.files`: no link followed, no foreign file replaced).
+
+Shared compiled programs are files and MLflow artifacts from other people, so loading
+takes only what a program is: per predictor its instruction, its fields'
 prefixes and descriptions, and its demos (typed, bounded), plus the validated
 `cg_dspy` block. Anything else (an `lm`, a `config`, traces, an unknown key) is
 refused with a message naming it; `lenient=True` drops such keys with a warning
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import dspy
 
+from cg_dspy.core import files
 from cg_dspy.method.program import LAYOUTS, MAX_ROUNDS
 
 MAX_DEMOS = 32
@@ -29,15 +33,39 @@ _EMPTY_AS_SAVED = {"traces": [], "train": [], "lm": None, "fields": {}, "config"
 _CONFIG_KEYS = ("method", "ablate", "max_rounds", "min_length_ratio", "policy", "layout")
 
 
+PROGRAM = files.json_kind("a saved program", lambda v: isinstance(v, dict) and isinstance(v.get("cg_dspy"), dict),
+                          marker=b'"cg_dspy": {')
+
+
+def check_output(path: str | Path, *, force: bool = False, inputs=()) -> Path:
+    """Refuse, before any work, a program file that is a link, one of the run's inputs, or
+    a file that is not a saved program."""
+    path = Path(path)
+    if path.suffix != ".json":
+        raise files.OutputRefused(f"{path}: a saved program is a .json file")
+    return files.check(path, PROGRAM, force=force, inputs=inputs)
+
+
+def save_program(program: dspy.Module, path: str | Path, *, force: bool = False, inputs=()) -> Path:
+    """The program's JSON state, its `cg_dspy` block first (how a file of ours is known)."""
+    from dspy.utils.saving import get_dependency_versions
+
+    state = program.dump_state()
+    body = {"cg_dspy": state.pop("cg_dspy", None), **state, "metadata": {
+        "dependency_versions": get_dependency_versions()}}
+    data = (json.dumps(body, indent=2, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+    return files.write(check_output(path, force=force, inputs=inputs), data, PROGRAM, force=force, inputs=inputs)
+
+
 class ProgramRefused(ValueError):
     """A saved program holds something a program must not hold, or is malformed."""
 
 
 def validate_config(config: object, source: str) -> dict:
     """The `cg_dspy` block, checked: method, ablations, rounds 1-5, thresholds in range."""
+    from cg_dspy.core.messages import CATEGORIES
     from cg_dspy.method import METHODS, specialists
     from cg_dspy.method.program import ABLATIONS
-    from cg_dspy.method.schemas import CATEGORIES
 
     where = f"{source}: cg_dspy"
     if config is None:

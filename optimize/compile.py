@@ -9,6 +9,7 @@ rate); everything is logged as one MLflow run.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ from cg_dspy.lms import patches, using
 from cg_dspy.method import build_program
 from cg_dspy.method.specialists import integrated_audits
 from cg_dspy.optimize.recipes import RECIPES, compile_with
+from cg_dspy.reports import analysis, statistics
+from cg_dspy.saved import check_output, save_program
 
 # What the logged model's signature is read from: a made-up task, no benchmark data.
 INPUT_EXAMPLE = {"conversation": [{"role": "system", "content": "Answer in exactly one bullet point."},
@@ -35,6 +38,9 @@ DEFAULT_TUNABLE = ("audit", *integrated_audits(), "revise")
 
 @dataclass
 class OptimizeResult:
+    """The compiled program, its dev scores before and after (each task's outcome in
+    `per_task`), and the paired change between them (`dev_change`)."""
+
     program: dspy.Module
     dev_before: dict
     dev_after: dict
@@ -42,6 +48,10 @@ class OptimizeResult:
     run_id: str | None = None
     judge_calls: int = 0
     extra: dict = field(default_factory=dict)
+
+    @property
+    def dev_change(self) -> dict:
+        return paired_dev(self.dev_before, self.dev_after)
 
 
 class DevFailed(RuntimeError):
@@ -72,20 +82,34 @@ def evaluate(program, examples, metric: RubricMetric, *, lm, threads: int = 4) -
     with using(lm):
         result = dspy.Evaluate(devset=examples, metric=judged, num_threads=threads, display_progress=False,
                                provide_traceback=False, max_errors=len(examples) + 1)(answered)
-    per_cat: dict[str, list[float]] = defaultdict(list)
-    scores = []
+    per_cat: dict[str, list[bool]] = defaultdict(list)
+    fractions: dict[str, float] = {}
     for example, _pred, score in result.results:
-        s = float(getattr(score, "score", score) or 0.0)
-        scores.append(s)
-        per_cat[example.category].append(float(s == 1.0))
-    n = max(1, len(scores))
+        fractions[example.task_id] = float(getattr(score, "score", score) or 0.0)
+        per_cat[example.category].append(fractions[example.task_id] == 1.0)
+    solved = {tid: f == 1.0 for tid, f in fractions.items()}
     return {
-        "rubric_pass_rate": round(100 * sum(scores) / n, 2),
-        "task_solving_rate": round(100 * sum(s == 1.0 for s in scores) / n, 2),
-        "by_category": {c: {"task_solving_rate": round(100 * sum(v) / len(v), 2)} for c, v in per_cat.items()},
+        **analysis.rate_cell(sum(solved.values()), len(solved)),
+        "rubric_pass_rate": round(100 * sum(fractions.values()) / max(1, len(fractions)), 2),
+        "rubric_pass_rate_ci95": statistics.bootstrap_mean_ci(list(fractions.values())),
+        "by_category": {c: analysis.rate_cell(sum(v), len(v)) for c, v in per_cat.items()},
         "errors": len(errors),
         **({"first_error": errors[0][:300]} if errors else {}),
+        "per_task": {tid: {"solved": solved[tid], "pass_fraction": round(f, 4)} for tid, f in fractions.items()},
     }
+
+
+def paired_dev(before: dict, after: dict) -> dict:
+    """The tuned program against the untuned one on the same dev tasks: the difference of
+    task-solving rates with its paired interval and McNemar p, and of rubric pass rates
+    with a paired bootstrap interval."""
+    common = sorted(set(before["per_task"]) & set(after["per_task"]))
+    pairs = [(before["per_task"][t]["solved"], after["per_task"][t]["solved"]) for t in common]
+    deltas = [after["per_task"][t]["pass_fraction"] - before["per_task"][t]["pass_fraction"] for t in common]
+    out = {k: v for k, v in analysis.paired_rates(pairs).items()}
+    out.update(delta_rubric_pass_rate=round(100 * sum(deltas) / max(1, len(deltas)), 2),
+               delta_rubric_pass_rate_ci95=statistics.bootstrap_mean_ci(deltas))
+    return out
 
 
 def optimize(
@@ -107,11 +131,15 @@ def optimize(
     trace: bool = True,
     alias: str | None = None,
     params: dict | None = None,
+    force: bool = False,
+    inputs: tuple = (),
 ) -> OptimizeResult:
     """Compile `method` with `optimizer` on `train`, score `dev` before and after."""
     patches.install()
     if optimizer not in RECIPES:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose from {sorted(RECIPES)}")
+    if out:
+        check_output(out, force=force, inputs=inputs)  # before any LM call
     program = build_program(method, ablate, layout=layout)
     names = [n for n, _ in program.named_predictors()]
     unknown = set(tunable) - set(names)
@@ -142,8 +170,7 @@ def optimize(
             compiled.frozen = frozenset()  # saved programs hold every stage
         after = evaluate(compiled, devset, metric, lm=task_lm, threads=threads)
         if out:
-            Path(out).parent.mkdir(parents=True, exist_ok=True)
-            compiled.save(str(out))
+            save_program(compiled, out, force=force, inputs=inputs)
         return OptimizeResult(compiled, before, after, logged, run_id,
                               metric.judge_calls + feedback_metric.judge_calls)
 
@@ -156,15 +183,21 @@ def optimize(
         result = work(active.info.run_id)
         for label, scores in (("dev_before", result.dev_before), ("dev", result.dev_after)):
             tracking.log_summary(scores, prefix=f"{label}.")
-        before, after = result.dev_before, result.dev_after
+        before, after, change = result.dev_before, result.dev_after, result.dev_change
+        tracking.log_comparison(change, prefix="dev_change.")
         message = (f"{optimizer} ({budget}): dev task-solving rate {before['task_solving_rate']} -> "
-                   f"{after['task_solving_rate']}, rubric pass rate {before['rubric_pass_rate']} -> "
+                   f"{after['task_solving_rate']} (Δ {change['delta_task_solving_rate']:+.2f} points, 95% CI "
+                   f"{change['delta_task_solving_rate_ci95']}, McNemar p {change['mcnemar_p']:.3g}, "
+                   f"{len(after['per_task'])} tasks), rubric pass rate {before['rubric_pass_rate']} -> "
                    f"{after['rubric_pass_rate']}")
         tags = {"optimizer": optimizer, "budget": budget, "dev_before_tsr": before["task_solving_rate"],
-                "dev_tsr": after["task_solving_rate"], "dev_before_rubric_pass": before["rubric_pass_rate"],
+                "dev_tsr": after["task_solving_rate"], "dev_tsr_ci95": json.dumps(after["task_solving_rate_ci95"]),
+                "dev_tasks": len(after["per_task"]), "dev_delta_tsr": change["delta_task_solving_rate"],
+                "dev_delta_tsr_ci95": json.dumps(change["delta_task_solving_rate_ci95"]),
+                "dev_mcnemar_p": change["mcnemar_p"], "dev_before_rubric_pass": before["rubric_pass_rate"],
                 "dev_rubric_pass": after["rubric_pass_rate"]}
         versions = tracking.register_prompts(result.program, build_program(method, ablate, layout=layout),
                                              tuned=tuple(tunable), run_id=active.info.run_id, message=message,
                                              tags=tags, alias=alias)
-        tracking.log_program(result.program, prompts=versions, example=INPUT_EXAMPLE)
+        tracking.log_program(result.program, versions=versions, example=INPUT_EXAMPLE)
     return result

@@ -28,35 +28,53 @@ AFTER = [
     row("t1", D, "Science", ["yes", "no"]),
     row("t2", D, "Finance", ["yes", "yes", "yes"]),
     row("t3", R, "Game Mechanics", ["yes", "no", "yes", "yes"]),
-]  # t4 missing: counts as unsolved with every requirement unsatisfied
+]  # t4 missing: left out of the comparison, and counted
 
 
 def test_run_summary_matches_hand_counts():
     s = analysis.run_summary(BEFORE)
     assert (s["tasks"], s["solved"], s["task_solving_rate"]) == (4, 1, 25.0)
-    assert s["by_category"] == {D: {"tasks": 2, "solved": 1, "task_solving_rate": 50.0},
-                                R: {"tasks": 2, "solved": 0, "task_solving_rate": 0.0}}
+    # Wilson's intervals of 1/2 and 0/2 (scipy's values are checked in test_statistics)
+    assert s["by_category"] == {D: {"tasks": 2, "solved": 1, "task_solving_rate": 50.0,
+                                    "task_solving_rate_ci95": [9.45, 90.55]},
+                                R: {"tasks": 2, "solved": 0, "task_solving_rate": 0.0,
+                                    "task_solving_rate_ci95": [0.0, 65.76]}}
     assert s["by_sub_category"]["Game Mechanics"] == {"tasks": 2, "solved": 0, "task_solving_rate": 0.0,
-                                                      "category": R}
-    assert s["by_length_bin"] == {"0-4K": {"tasks": 4, "solved": 1, "task_solving_rate": 25.0}}
+                                                      "task_solving_rate_ci95": [0.0, 65.76], "category": R}
+    assert s["by_length_bin"] == {"0-4K": {"tasks": 4, "solved": 1, "task_solving_rate": 25.0,
+                                           "task_solving_rate_ci95": [4.56, 69.94]}}
     assert s["near_miss"] == {"0": 1, "1": 1, "2-3": 1, "4-8": 0, ">8": 1}
+    # pass fractions 1, 2/3, 1/4, 0: their mean, and a bootstrap interval around it
+    assert s["rubric_pass_rate"] == 47.92
+    lo, hi = s["rubric_pass_rate_ci95"]
+    assert 0 <= lo < 47.92 < hi <= 100
 
 
-def test_comparison_matches_hand_counts():
+def test_comparison_matches_hand_counts_over_the_tasks_both_runs_hold():
     c = analysis.compare(BEFORE, AFTER)
+    assert (c["tasks_compared"], c["tasks_only_before"], c["tasks_only_after"]) == (3, 1, 0)
     assert c["migration"]["0"] == {"0": 0, "1": 1, "2-3": 0, "4-8": 0, ">8": 0}
     assert c["migration"]["1"]["0"] == 1
     assert c["migration"]["2-3"]["1"] == 1
-    assert c["migration"][">8"][">8"] == 1
-    assert sum(sum(r.values()) for r in c["migration"].values()) == 4
+    assert c["migration"][">8"][">8"] == 0  # t4 is not paired
+    assert sum(sum(r.values()) for r in c["migration"].values()) == 3
     assert (c["newly_solved"], c["broken_solved"], c["preserved_solved"], c["net_solved_gain"]) == (1, 1, 0, 0)
-    # 19 requirements; before satisfied 5; repairs 3, regressions 1, changes 4
-    assert c["change_rate"] == 21.05
-    assert c["repair_probability"] == 21.43
+    assert (c["delta_task_solving_rate"], c["mcnemar_p"]) == (0.0, 1.0)
+    # 9 requirements; before satisfied 5; repairs 3, regressions 1, changes 4
+    assert c["change_rate"] == 44.44
+    assert c["repair_probability"] == 75.0
     assert c["regression_risk"] == 20.0
     assert c["positive_change_precision"] == 75.0
-    assert c["benefit_risk_ratio"] == 1.07
-    assert c["net_requirement_gain"] == 10.53
+    assert c["benefit_risk_ratio"] == 3.75
+    assert c["net_requirement_gain"] == 22.22
+    # pass fractions before 1, 2/3, 1/4 and after 1/2, 1, 3/4: mean change (-1/2 + 1/3 + 1/2) / 3
+    assert c["delta_rubric_pass_rate"] == 11.11
+
+
+def test_two_runs_without_a_common_task_are_an_error_not_a_comparison_of_nothing():
+    other = [row("x1", D, "Science", ["yes"])]
+    with pytest.raises(analysis.NoCommonTasks, match="share no task"):
+        analysis.compare(BEFORE, other)
 
 
 def test_rubric_types_and_task_averaged_failure_rates():
@@ -135,10 +153,14 @@ def test_rows_that_claim_full_votes_but_lack_some_are_left_out_and_counted():
 def test_report_has_exactly_the_documented_keys():
     rep = analysis.report({"before.jsonl": BEFORE, "after.jsonl": AFTER})
     assert set(rep) == {"runs", "comparison", "rubric_typer", "judge_stability", "judge_stability_reason"}
-    assert set(rep["runs"]["before.jsonl"]) == {"tasks", "solved", "task_solving_rate", "by_category",
+    assert set(rep["runs"]["before.jsonl"]) == {"tasks", "solved", "task_solving_rate", "task_solving_rate_ci95",
+                                                "rubric_pass_rate", "rubric_pass_rate_ci95", "by_category",
                                                 "by_sub_category", "by_length_bin", "near_miss",
                                                 "rubric_type_failure"}
-    assert set(rep["comparison"]) == {"migration", "newly_solved", "broken_solved", "preserved_solved",
+    assert set(rep["comparison"]) == {"delta_task_solving_rate", "delta_task_solving_rate_ci95", "mcnemar_p",
+                                      "tasks_compared", "tasks_only_before", "tasks_only_after",
+                                      "delta_rubric_pass_rate", "delta_rubric_pass_rate_ci95", "by_length_bin",
+                                      "migration", "newly_solved", "broken_solved", "preserved_solved",
                                       "net_solved_gain", "change_rate", "repair_probability", "regression_risk",
                                       "positive_change_precision", "benefit_risk_ratio", "net_requirement_gain"}
     md = markdown.to_markdown(rep)
@@ -159,6 +181,7 @@ def test_official_graded_sample_reports_true_rate(capsys):
     rep = json.loads(capsys.readouterr().out)
     run = rep["runs"]["graded_sample.jsonl"]
     assert (run["tasks"], run["solved"], run["task_solving_rate"]) == (8, 1, 12.5)
+    assert run["task_solving_rate_ci95"] == [2.24, 47.09]  # "TSR 12.50" alone hid this
     assert run["near_miss"] == {"0": 1, "1": 3, "2-3": 2, "4-8": 2, ">8": 0}
     assert sum(c["tasks"] for c in run["by_length_bin"].values()) == 8
     assert rep["judge_stability"] is None and "no per-requirement votes" in rep["judge_stability_reason"]
@@ -190,6 +213,10 @@ def test_labels_from_files_cannot_break_the_markdown_tables():
 def test_a_sub_category_name_under_two_categories_is_one_row_per_category():
     rows = [row("u1", D, "unknown", ["yes"]), row("u2", R, "unknown", ["no"]), row("s", D, "Science", ["yes"])]
     subs = analysis.run_summary(rows)["by_sub_category"]
-    assert subs == {"Science": {"tasks": 1, "solved": 1, "task_solving_rate": 100.0, "category": D},
-                    f"unknown ({D})": {"tasks": 1, "solved": 1, "task_solving_rate": 100.0, "category": D},
-                    f"unknown ({R})": {"tasks": 1, "solved": 0, "task_solving_rate": 0.0, "category": R}}
+    one, none = [20.65, 100.0], [0.0, 79.35]  # Wilson's 95% intervals of 1/1 and 0/1: wide, never a division by 0
+    assert subs == {"Science": {"tasks": 1, "solved": 1, "task_solving_rate": 100.0, "task_solving_rate_ci95": one,
+                                "category": D},
+                    f"unknown ({D})": {"tasks": 1, "solved": 1, "task_solving_rate": 100.0,
+                                       "task_solving_rate_ci95": one, "category": D},
+                    f"unknown ({R})": {"tasks": 1, "solved": 0, "task_solving_rate": 0.0,
+                                       "task_solving_rate_ci95": none, "category": R}}

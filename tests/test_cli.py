@@ -157,10 +157,18 @@ def test_bench_pairs_methods_on_the_same_drafts_and_tracks_one_run(tmp_path):
     assert rep["cost"]["baseline"]["lm_calls_per_task"] == 1.0
     md = (out_dir / "report.md").read_text()
     assert "## baseline -> contextguard" in md and "## baseline -> self-refine" in md
+    # every rate with its interval, every pair with its paired test (all 4 demo tasks solved by each)
+    assert rep["runs"]["contextguard"]["task_solving_rate_ci95"] == [51.01, 100.0]  # Wilson of 4/4
+    pair = rep["comparisons"]["baseline -> contextguard"]
+    assert (pair["delta_task_solving_rate"], pair["mcnemar_p"], pair["tasks_compared"]) == (0.0, 1.0, 4)
+    assert "| baseline -> contextguard | 4 | +0.00 [" in md
+    assert "| contextguard | 4 | 4 | 100.00 | [51.01, 100.00] |" in md
     assert rep["cost"]["self-refine"]["lm_calls_per_task"] == 2.0  # feedback + refine on the baseline draft
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["bench-test"], output_format="list")
     assert len(runs) == 1 and runs[0].data.metrics["contextguard.task_solving_rate"] == 100.0
+    assert runs[0].data.metrics["contextguard.task_solving_rate.ci95_lo"] == 51.01
+    assert runs[0].data.metrics["baseline vs contextguard.mcnemar_p"] == 1.0
     assert runs[0].data.metrics["baseline.cost.lm_calls_per_task"] == 1.0
     # --judge-stability: every vote drawn, so Table 5 is there for each method
     methods = ("baseline", "self-refine", "contextguard", "contextguard-no-reminder")

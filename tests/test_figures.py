@@ -7,6 +7,7 @@ import re
 
 import pytest
 from conftest import cli
+from matplotlib.container import BarContainer
 from table14 import TABLE_14, table14_rows
 
 from cg_dspy.evaluation.data import LENGTH_BINS
@@ -66,12 +67,24 @@ def test_table14_figures_draw_the_report_numbers_without_overlapping_text(table1
     assert plots.drawn(figs["near_miss"])["contextguard"] == [263, 205, 584, 666, 181]
     _, matrix = plots.migration_figure(table14, "baseline", "contextguard", table14["comparison"])
     assert matrix == [list(row) for row in TABLE_14.values()]
-    # the value axis starts at zero and leaves the largest bar room for its label
+    # every TSR bar carries its 95% interval as an error bar, read back from the figure
+    for name, run in runs.items():
+        assert plots.error_bars(figs["tsr_by_sub_category"])[name] == [
+            tuple(run["by_sub_category"][s]["task_solving_rate_ci95"]) for s in subs]
+        assert plots.error_bars(figs["tsr_by_length"])[name] == [
+            tuple(run["by_length_bin"][b]["task_solving_rate_ci95"]) for b in LENGTH_BINS]
+    # the value axis starts at zero and leaves the widest interval room for its label
     ax = figs["tsr_by_sub_category"].axes[0]
-    assert ax.get_xlim()[0] == 0 and 15.2 < ax.get_xlim()[1] < 20
+    highest = max(c["task_solving_rate_ci95"][1] for r in runs.values() for c in r["by_sub_category"].values())
+    assert highest == 23.33 and ax.get_xlim()[0] == 0 and highest < ax.get_xlim()[1] < 1.3 * highest
     ax = figs["tsr_by_length"].axes[0]
     deltas = [t.get_text() for t in ax.texts if t.get_text().startswith("Δ")]
     assert len(deltas) == len(LENGTH_BINS) and all(t.get_position()[1] < ax.get_ylim()[1] for t in ax.texts)
+    # the gain in each bin with its paired interval, as the report's comparison has it
+    gains = table14["comparison"]["by_length_bin"]
+    assert deltas == [f"Δ {gains[b]['delta_task_solving_rate']:+.1f}\n"
+                      f"[{gains[b]['delta_task_solving_rate_ci95'][0]:+.1f}, "
+                      f"{gains[b]['delta_task_solving_rate_ci95'][1]:+.1f}]" for b in LENGTH_BINS]
     values = {t.get_text() for t in ax.texts}
     assert {f"{runs['contextguard']['by_length_bin'][b]['task_solving_rate']:.1f}" for b in LENGTH_BINS} <= values
 
@@ -84,7 +97,7 @@ def test_three_methods_keep_their_colours_and_labels_in_every_figure():
     for stem, fig in figs.items():
         assert plots.overlapping_text(fig) == [], stem
         colours = {}
-        for container in (c for ax in fig.axes for c in ax.containers):
+        for container in (c for ax in fig.axes for c in ax.containers if isinstance(c, BarContainer)):
             colours[container.get_label()] = container.patches[0].get_facecolor()
         assert colours == {n: plots.matplotlib.colors.to_rgba(plots.colour(n)) for n in rep["runs"]}, stem
     ax = figs["tsr_by_length"].axes[0]  # the gain written is ContextGuard's over the baseline
@@ -151,7 +164,7 @@ def test_runs_that_would_share_a_colour_get_their_own_and_long_labels_stay_insid
                                  "contextguard (no audit, no protection, no reminder)"]
     for stem, fig in plots.figures(rep).items():
         assert plots.overlapping_text(fig) == [], stem
-        faces = [c.patches[0].get_facecolor() for ax in fig.axes for c in ax.containers]
+        faces = [c.patches[0].get_facecolor() for ax in fig.axes for c in ax.containers if isinstance(c, BarContainer)]
         assert len(set(faces)) == len(faces) == 3, stem
     many = plots._colours([f"run{i}.jsonl" for i in range(12)])
     assert len(set(many.values())) == 12
@@ -164,7 +177,7 @@ def test_figures_never_write_through_links_or_over_files_that_are_not_ours(table
     linked = tmp_path / "linked"
     linked.mkdir()
     (linked / "near_miss.png").symlink_to(victim)
-    with pytest.raises(OutputRefused, match="not overwritten"):
+    with pytest.raises(OutputRefused, match="symbolic link"):
         plots.write_all(table14, linked)
     theirs = tmp_path / "theirs"
     theirs.mkdir()

@@ -10,6 +10,7 @@ from scripted import scripted_lm
 from cg_dspy import ContextGuard, optimize
 from cg_dspy.evaluation.data import load_tasks
 from cg_dspy.lms import using
+from cg_dspy.reports import markdown
 from cg_dspy.saved import load_program
 
 RULE = "NEW-AUDIT-RULE: flag every requirement the answer does not yet meet."
@@ -95,7 +96,7 @@ def test_bootstrap_compile_logs_run_and_program_loads_from_file_and_mlflow(store
     mlflow.clear_active_model()  # loading makes the model "active" for later runs' metrics
     with using(lm):
         assert pickled(conversation=task.messages, category=task.category).answer == a.answer
-    with pytest.raises(ValueError, match="holds no program.json"):
+    with pytest.raises(ValueError, match="a saved program is a .json artifact"):
         load_program(f"runs:/{result.run_id}/model")  # ours reads only JSON state
 
 
@@ -119,6 +120,11 @@ def test_gepa_finds_the_better_audit_instruction_and_compare_shows_the_diff(stor
     assert [v["variant"] for v in audit["versions"]] == ["base", "tuned", "tuned"]
     assert [v["optimizer"] for v in audit["versions"]] == ["", "bootstrap", "gepa"]
     assert [v["dev_after"] for v in audit["versions"]] == [None, 0.0, 100.0] and audit["b"] == 3  # best by dev
+    # each version against the untuned program on the same 2 dev tasks: 0 -> 2 solved, paired
+    gepa = audit["versions"][2]
+    assert (gepa["dev_tasks"], gepa["dev_delta"], gepa["dev_mcnemar_p"]) == (2, 100.0, 0.5)
+    assert gepa["dev_delta_ci95"] == result.dev_change["delta_task_solving_rate_ci95"]
+    assert gepa["dev_delta_ci95"][0] < 100.0 and gepa["dev_after_ci95"] == [34.24, 100.0]  # Wilson of 2/2
     assert f"+{RULE}" in audit["instructions_diff"] and audit["demos_diff"] == ""
     assert "draft" not in cmp["stages"]  # never tuned: one version only
     boot = main(["compare", "--experiment", "cg-test", "--tracking-uri", store, "--stage", "audit", "--a", "1",
@@ -133,6 +139,7 @@ def test_gepa_finds_the_better_audit_instruction_and_compare_shows_the_diff(stor
     assert main(["compare", "--experiment", "cg-test", "--tracking-uri", store]) == 0
     text = capsys.readouterr().out
     assert "NEW-AUDIT-RULE" in text and "| version |" in text
+    assert f"| 100.00 [34.24, 100.00] | +100.00 {markdown.interval(gepa['dev_delta_ci95'])} | 0.500 |" in text
 
     program = load_program("prompts:/contextguard@best")  # a program from the registry
     assert program.audit.signature.instructions == RULE

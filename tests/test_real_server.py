@@ -55,10 +55,17 @@ def llama_server():
     proc.wait(timeout=30)
 
 
-def test_demo_runs_through_llama_cpp_server_with_full_paths_and_the_token_limit(llama_server, tmp_path):
-    out = tmp_path / "o.jsonl"
+@pytest.fixture(scope="module")
+def demo_run(llama_server, tmp_path_factory):
+    """The demo, run once through the server (the tests below read and grade it)."""
+    out = tmp_path_factory.mktemp("real") / "o.jsonl"
     r = cli("run", str(DATA / "demo.jsonl"), "--out", str(out), "--model", "openai/smollm", "--api-base",
-            llama_server, "--max-tokens", str(MAX_TOKENS), "--no-cache", "--quiet", timeout=900)
+            llama_server, "--max-tokens", str(MAX_TOKENS), "--no-cache", "--quiet", "--no-track", timeout=900)
+    return out, r
+
+
+def test_demo_runs_through_llama_cpp_server_with_full_paths_and_the_token_limit(demo_run):
+    out, r = demo_run
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["finished"] == 4 and summary["failed"] == 0
@@ -71,3 +78,28 @@ def test_demo_runs_through_llama_cpp_server_with_full_paths_and_the_token_limit(
             assert cost["calls"] >= 1
             assert cost["completion_tokens"] <= MAX_TOKENS * cost["calls"], (row["idx"], stage, cost)
         assert row["model_output"].strip() and "<think>" not in row["model_output"]
+
+
+EXTRA_RUBRICS = 26  # demo-dk-1 has 4: graded with 30, more than an audit list may hold (24)
+
+
+@pytest.mark.parametrize("protocol", ["rubric", "joint"])
+def test_the_judge_grades_through_llama_cpp_server_in_both_protocols_and_the_server_lives(
+        llama_server, demo_run, tmp_path, protocol):
+    out, r = demo_run
+    assert r.returncode == 0, r.stderr
+    rows = read_rows(out)
+    rows[0]["rubrics"] += [f"The response should mention point {i + 1} of the context." for i in range(EXTRA_RUBRICS)]
+    results, graded = tmp_path / "o.jsonl", tmp_path / "g.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    r = cli("eval", str(results), "--out", str(graded), "--judge-model", "openai/smollm", "--judge-api-base",
+            llama_server, "--judge-max-tokens", "200", "--protocol", protocol, "--votes", "1", "--no-cache",
+            "--quiet", "--no-track", timeout=900)
+    assert r.returncode == 0, r.stderr
+    by_id = {row["idx"]: row for row in read_rows(graded)}
+    assert len(by_id) == 4 and not any(row.get("error") for row in by_id.values())
+    assert [len(by_id[row["idx"]]["requirement_status"]) for row in rows] == [len(row["rubrics"]) for row in rows]
+    assert len(rows[0]["rubrics"]) == 30
+    if protocol == "joint":  # the status list is not capped at an audit list's 24 items
+        assert "judge_note" not in by_id[rows[0]["idx"]], by_id[rows[0]["idx"]].get("judge_note")
+    urllib.request.urlopen(f"{llama_server}/models", timeout=10).read()  # the server is alive

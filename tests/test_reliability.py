@@ -123,7 +123,7 @@ def test_2_out_never_rewrites_a_file_that_is_not_ours(tmp_path):
         assert r.returncode == 0 and len(read_rows(notes)) == 4  # --force replaces it, as asked
         assert server.requests
     r = cli("split", str(tasks), "--out", str(tasks))
-    assert r.returncode == 2 and "task file itself" in r.stderr
+    assert r.returncode == 2 and "input of this run" in r.stderr
     r = cli("split", str(DEMO), "--out", str(notes))
     assert r.returncode == 2 and "not a split manifest" in r.stderr
 

@@ -8,14 +8,14 @@ reminder draft. Everything lands in one folder: `<method>.jsonl`,
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cg_dspy.evaluation import harness, judge
+from cg_dspy.evaluation.rows import row_id
 from cg_dspy.method import build_program
 from cg_dspy.method.program import ABLATIONS
-from cg_dspy.reports import analysis, html, markdown, plots
+from cg_dspy.reports import analysis, outputs
 
 
 @dataclass
@@ -58,48 +58,52 @@ def reading_order(method: str) -> tuple[int, int]:
 
 def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol="rubric", threads=4,
               progress=True, early_stop=True, force=False, resume_anyway=False, inputs=(),
-              layout="chat", typer=None) -> BenchResult:
+              layout="chat", typer=None, repeats: int = 1) -> BenchResult:
     """Run, judge and report every method into `out_dir`; `typer` (an `LMTyper`) types the
-    requirements for Table 2 instead of the keyword cues."""
+    requirements for Table 2 instead of the keyword cues. With `repeats`, every method
+    runs that many times (`<method>.r<i>.jsonl`), repeat i of a method revising repeat i
+    of its draft source; the report reads them as repeats (mean ± std)."""
+    outputs.check(out_dir)  # before any work: the report files must be ours
     out_dir.mkdir(parents=True, exist_ok=True)
-    answers: dict[str, dict[str, str]] = {}
-    graded_runs: dict[str, list[dict]] = {}
+    answers: dict[tuple[str, int | None], dict[str, str]] = {}
+    graded_files: dict[str, tuple[str, list[dict]]] = {}  # path -> (method, rows)
     result = BenchResult(report={})
     for method in ordered(methods):
         src = draft_source(method)
-        run = harness.run(build_program(method, layout=layout), tasks, out_dir / f"{method}.jsonl", lm=lm,
-                          method=method, threads=threads, drafts=answers.get(src), progress=progress, force=force,
-                          resume_anyway=resume_anyway, inputs=inputs)
-        result.failed += [(f"{method}: {idx}", reason) for idx, reason in run.outcome.failed]
-        if run.outcome.interrupted:
-            result.interrupted = True
-            return result
-        answers[method] = {r["idx"]: r.get("trace", {}).get("draft") or r["model_output"] for r in run.rows}
-        graded = judge.grade_file(run.rows + [r for r in run.outcome.rows if r.get("error")],
-                                  str(out_dir / f"{method}.graded.jsonl"), judge_lm=judge_lm, protocol=protocol,
-                                  votes=votes, early_stop=early_stop, threads=threads, progress=progress,
-                                  force=force, resume_anyway=resume_anyway)
-        result.failed += [(f"{method} (grading): {idx}", reason) for idx, reason in graded.outcome.failed]
-        if graded.outcome.interrupted:
-            result.interrupted = True
-            return result
-        graded_runs[method] = graded.rows
-    order = sorted(graded_runs, key=reading_order)
+        for repeat in [None] if repeats == 1 else range(1, repeats + 1):
+            out = out_dir / f"{method}.jsonl"
+            out = harness.repeat_path(out, repeat) if repeat else out
+            run = harness.run(build_program(method, layout=layout), tasks, out, lm=lm, method=method,
+                              threads=threads, drafts=answers.get((src, repeat)), progress=progress, force=force,
+                              resume_anyway=resume_anyway, inputs=inputs, repeat=repeat)
+            result.failed += [(f"{out.stem}: {idx}", reason) for idx, reason in run.outcome.failed]
+            if run.outcome.interrupted:
+                result.interrupted = True
+                return result
+            answers[(method, repeat)] = {row_id(r): r.get("trace", {}).get("draft") or r["model_output"]
+                                         for r in run.rows}
+            graded = judge.grade_file(run.rows + [r for r in run.outcome.rows if r.get("error")],
+                                      str(out.with_suffix(".graded.jsonl")), judge_lm=judge_lm, protocol=protocol,
+                                      votes=votes, early_stop=early_stop, threads=threads, progress=progress,
+                                      force=force, resume_anyway=resume_anyway)
+            result.failed += [(f"{out.stem} (grading): {idx}", reason) for idx, reason in graded.outcome.failed]
+            if graded.outcome.interrupted:
+                result.interrupted = True
+                return result
+            graded_files[str(out.with_suffix(".graded.jsonl"))] = (method, graded.rows)
+    # In reading order, named as `report` names the same files ("contextguard (no audit)").
+    files = {path: rows for path, (method, rows) in sorted(graded_files.items(),
+                                                            key=lambda item: reading_order(item[1][0]))}
     typed = {}
     if typer is not None:
-        typer.type_files({str(out_dir / f"{m}.graded.jsonl"): graded_runs[m] for m in order})
+        typer.type_files(files)
         typed = {"typer": typer, "typer_name": typer.describe()}
-    # In reading order, named as `report` names the same files ("contextguard (no audit)").
-    graded_runs = {analysis.method_label(m): graded_runs[m] for m in order}
-    report = analysis.report(graded_runs, **typed)
-    base = "baseline" if "baseline" in graded_runs else None
-    if base:
-        report["comparisons"] = {f"{base} -> {m}": analysis.compare(graded_runs[base], g)
-                                 for m, g in graded_runs.items() if m != base}
-    (out_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    (out_dir / "report.md").write_text(markdown.to_markdown(report), encoding="utf-8")
-    drawn = plots.rendered(report)  # drawn once, for the folder and the page
-    plots.write_all(report, out_dir / "figures", drawn)
-    html.write(report, out_dir / "report.html", drawn)
+    labelled = analysis.label_files(files)
+    report = analysis.report(labelled.runs, repeats=labelled.repeats, notes=labelled.notes, **typed)
+    runs = labelled.runs
+    if "baseline" in runs:  # each method against the baseline, paired (repeats by their per-task majority)
+        report["comparisons"] = {f"baseline -> {m}": analysis.compare(runs["baseline"], g)
+                                 for m, g in runs.items() if m != "baseline"}
+    outputs.write(report, out_dir)
     result.report = report
     return result

@@ -20,7 +20,8 @@ from typing import Annotated
 import pydantic
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from cg_dspy.method.schemas import CATEGORIES, Category, Message
+from cg_dspy.core import files
+from cg_dspy.core.messages import CATEGORIES, Category, Message
 
 HF_DATASET = "tencent/CL-bench"
 
@@ -267,19 +268,20 @@ def make_splits(
     return splits
 
 
-def write_manifest(path: str | os.PathLike, splits: dict[str, list[str]], *, seed: str, source: str) -> None:
-    """A split manifest: the task ids of each split, plus how they were made."""
-    body = {"source": source, "seed": seed, "splits": splits}
-    Path(path).write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
-
-
-def is_manifest(path: str | os.PathLike) -> bool:
-    """Whether a file is a split manifest this project wrote."""
-    try:
-        body = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
+def _is_manifest(body: object) -> bool:
     return isinstance(body, dict) and isinstance(body.get("splits"), dict) and "seed" in body
+
+
+MANIFEST = files.json_kind("a split manifest", _is_manifest)
+
+
+def write_manifest(path: str | os.PathLike, splits: dict[str, list[str]], *, seed: str, source: str,
+                   force: bool = False) -> None:
+    """A split manifest: the task ids of each split, plus how they were made. Only a
+    manifest (or, with `force`, any regular file) is replaced, never the task file."""
+    body = {"source": source, "seed": seed, "splits": splits}
+    files.write(path, (json.dumps(body, indent=1) + "\n").encode("utf-8"), MANIFEST, force=force,
+                inputs=(source,))
 
 
 def _manifest_source(source: str, manifest: Path) -> str:
@@ -296,7 +298,13 @@ def select(source: str, *, strict: bool = False) -> Loaded:
     """`FILE`, `tencent/CL-bench`, or `MANIFEST.json#split` (tasks of one split)."""
     if "#" in source and source.split("#")[0].endswith(".json"):
         manifest_path, split = source.split("#", 1)
-        manifest = json.loads(Path(manifest_path).read_text(encoding="utf-8"))
+        try:
+            manifest = json.loads(Path(manifest_path).read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{manifest_path}: not a split manifest (not JSON: {exc})") from None
+        if not _is_manifest(manifest):
+            raise ValueError(f"{manifest_path}: not a split manifest (no 'splits' and 'seed'); write one with "
+                             "`contextguard split`")
         if split not in manifest["splits"]:
             raise ValueError(f"{manifest_path}: no split {split!r}; it has {sorted(manifest['splits'])}")
         ids = set(manifest["splits"][split])

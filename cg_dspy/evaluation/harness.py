@@ -13,6 +13,7 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import dspy
 import pydantic
@@ -53,11 +54,26 @@ def input_digest(task: Task, draft: str | None = None) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
-def run_settings(program: dspy.Module, method: str, lm) -> dict:
-    """What produced a results file; a rerun with other settings is not a resume."""
+def run_settings(program: dspy.Module, method: str, lm, repeat: int | None = None) -> dict:
+    """What produced a results file; a rerun with other settings is not a resume. A
+    repeat's number is part of it: repeats of one run differ in nothing else."""
     state = json.dumps(program.dump_state(), sort_keys=True, ensure_ascii=False, default=str)
-    return {"method": method, "config": program.config(),
-            "program": hashlib.sha256(state.encode()).hexdigest()[:16], "task_lm": lm_identity(lm)}
+    settings = {"method": method, "config": program.config(),
+                "program": hashlib.sha256(state.encode()).hexdigest()[:16], "task_lm": lm_identity(lm)}
+    return {**settings, "repeat": repeat} if repeat else settings
+
+
+def repeat_path(out: str | os.PathLike, repeat: int) -> Path:
+    """Where repeat `repeat` of a run writes: `OUT.jsonl` -> `OUT.r2.jsonl`."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}.r{repeat}{out.suffix}")
+
+
+def for_repeat(lm, repeat: int | None):
+    """The LM a repeat samples with: its own rollout id, so DSPy's cache never hands one
+    repeat another's answers (at temperature 0 a repeat measures only the server's own
+    nondeterminism: greedy decoding gives the same answer again)."""
+    return lm.copy(rollout_id=repeat) if repeat else lm
 
 
 def base_row(task: Task, digest: str) -> dict:
@@ -112,10 +128,13 @@ def run(
     force: bool = False,
     resume_anyway: bool = False,
     inputs: tuple = (),
+    repeat: int | None = None,
 ) -> RunResult:
     """Generate every task not yet in the results file `out`; `drafts` pairs methods on
-    the same draft. A task whose input changed since its row was written is done again."""
+    the same draft; `repeat` (1, 2, …) makes this run one of several independent samples
+    (`for_repeat`). A task whose input changed since its row was written is done again."""
     patches.install()
+    lm = for_repeat(lm, repeat)
     drafts = drafts or {}
     by_id = {t.idx: t for t in tasks}
     digests = {t.idx: input_digest(t, drafts.get(t.idx)) for t in tasks}
@@ -127,7 +146,7 @@ def run(
     def paths(rows: list[dict]) -> dict:
         return dict(Counter((r.get("trace") or {}).get("path", "failed") for r in rows))
 
-    with ResultStore(out, kind="results", run=run_settings(program, method, lm), inputs=inputs, force=force,
+    with ResultStore(out, kind="results", run=run_settings(program, method, lm, repeat), inputs=inputs, force=force,
                      resume_anyway=resume_anyway) as store:
         store.discard(i for i, r in store.rows.items() if i in digests and r["cg_dspy"].get("input") != digests[i])
         outcome = execute(jobs, store, threads=threads, desc=method, postfix=paths, progress=progress,

@@ -10,6 +10,7 @@ A task is solved only when every requirement is satisfied.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -23,7 +24,7 @@ from dspy.utils.exceptions import AdapterParseError
 from cg_dspy.evaluation.runner import Outcome, execute
 from cg_dspy.evaluation.store import ResultStore, row_id
 from cg_dspy.lms import lm_identity, patches, using
-from cg_dspy.method.signatures import JudgeAllRubrics, JudgeRequirement
+from cg_dspy.method.signatures import JudgeAllRubrics, JudgeLabel, JudgeRequirement
 from cg_dspy.method.stages import annotate, span
 
 PROTOCOLS = ("rubric", "joint")
@@ -94,6 +95,15 @@ class RubricJudge(dspy.Module):
         return {"status": out.satisfaction_status, "reason": out.reason}
 
 
+@functools.lru_cache(maxsize=256)
+def statuses(n: int) -> type[pydantic.RootModel]:
+    """The joint judge's status list for a task of `n` requirements: its schema asks for
+    exactly n labels (a grammar-constrained server produces n), while a reply of another
+    length still parses and is padded below."""
+    return type(f"RequirementStatuses{n}", (pydantic.RootModel[list[JudgeLabel]],),
+                {"model_config": pydantic.ConfigDict(json_schema_extra={"minItems": n, "maxItems": n})})
+
+
 class JointJudge(dspy.Module):
     """CL-bench's official protocol: every rubric in one prompt, all-or-nothing."""
 
@@ -104,8 +114,12 @@ class JointJudge(dspy.Module):
     def forward(self, response: str, rubrics: list[str]) -> dspy.Prediction:
         numbered = "\n".join(f"{i + 1}. {r}" for i, r in enumerate(rubrics))
         note = ""
-        out = ask(self.judge, "the rubric list", response=response, rubrics=numbered)
-        status, rationale = list(out.requirement_status or []), out.grading_rationale
+        sized = dspy.Predict(self.judge.signature.with_updated_fields("requirement_status",
+                                                                      type_=statuses(len(rubrics))))
+        sized.demos = self.judge.demos
+        out = ask(sized, "the rubric list", response=response, rubrics=numbered)
+        found = out.requirement_status
+        status, rationale = list(getattr(found, "root", found) or []), out.grading_rationale
         if len(status) != len(rubrics):
             note = f"judge gave {len(status)} labels for {len(rubrics)} rubrics; missing ones are 'no'"
             status = (status + ["no"] * len(rubrics))[: len(rubrics)]
@@ -177,9 +191,12 @@ def grade_row(
         results = list(pool.map(one, rubrics)) if pool else [one(r) for r in rubrics]
         graded["requirement_status"] = [r.status for r in results]
         graded["votes"] = [[v["status"] for v in r.votes] for r in results]
+        # Each requirement's reason as typed data (what MLflow gets); the rationale is for
+        # reading, one line per requirement, so a reason can never pose as another line.
+        graded["reasons"] = [(r.votes[-1].get("reason") or "").strip() for r in results]
         graded["grading_rationale"] = "\n".join(
-            f"Requirement {i + 1}: {r.status} ({(r.votes[-1].get('reason') or '').strip()[:300]})"
-            for i, r in enumerate(results)
+            f"Requirement {i + 1}: {r.status} ({' '.join(reason.split())[:300]})"
+            for i, (r, reason) in enumerate(zip(results, graded["reasons"]))
         )
     else:
         raise ValueError(f"unknown protocol {protocol!r}; choose from {PROTOCOLS}")

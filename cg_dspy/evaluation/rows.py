@@ -34,8 +34,8 @@ from pydantic import (
     field_validator,
 )
 
+from cg_dspy.core.messages import Message
 from cg_dspy.evaluation.data import RowError, RubricText, explain
-from cg_dspy.method.schemas import Message
 
 Status = Literal["yes", "no"]
 
@@ -155,6 +155,7 @@ class GradedRow(Row):
     score: Annotated[int | None, BeforeValidator(_score)] = None
     grading_rationale: str = ""
     votes: list[list[StatusValue]] | None = None
+    reasons: list[str] | None = None  # the judge's reason per requirement (rubric protocol)
     protocol: str | None = None
     cost: Cost | None = None
 
@@ -225,7 +226,7 @@ def validated(file: FileRows, model: type[Row]) -> tuple[list[Row], list[RowErro
     errors = list(file.errors)
     kept: dict[str, tuple[int, Row]] = {}
     for line, raw in file.rows:
-        tid = _raw_id(raw)
+        tid = row_id(raw)
         try:
             row = model.model_validate(raw)
         except ValidationError as exc:
@@ -245,7 +246,10 @@ def validated(file: FileRows, model: type[Row]) -> tuple[list[Row], list[RowErro
     return [row for _, row in kept.values()], errors
 
 
-def _raw_id(raw: dict) -> str | None:
+def row_id(raw: dict) -> str | None:
+    """A row's task id by CL-bench's rule, the one every reader and writer uses: the
+    metadata's `task_id`, else `idx` (merged shards of CL-bench's own files repeat `idx`,
+    never a task id)."""
     meta = raw.get("metadata")
     tid = meta.get("task_id") if isinstance(meta, dict) else None
     tid = tid if tid is not None else raw.get("idx")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import dspy
 
+from cg_dspy.core.files import OutputRefused, json_kind, write
 from cg_dspy.evaluation.judge import JudgeFailure, ask
 from cg_dspy.evaluation.rows import graded_rows
-from cg_dspy.evaluation.store import replace_file
 from cg_dspy.lms import lm_identity, using
 from cg_dspy.method.signatures import RequirementType
 from cg_dspy.reports.analysis import RUBRIC_TYPES
@@ -31,6 +31,7 @@ def cache_path(graded: str | Path) -> Path:
 
 
 MAX_CACHE_BYTES = 64 * 2**20  # a cache beside a graded file is data: read only a sane one
+CACHE = json_kind("a requirement-type cache", lambda v: isinstance(v, dict) and "typer" in v)
 
 
 class LMUnreachable(RuntimeError):
@@ -111,7 +112,9 @@ class LMTyper:
     def _save(self, target: Path, known: dict[str, str]) -> None:
         data = json.dumps({"typer": self.identity, "types": known}, indent=1) + "\n"
         try:
-            replace_file(target, data.encode("utf-8"))
+            write(target, data.encode("utf-8"), CACHE)
+        except OutputRefused as exc:  # a planted link or a file of someone else's: left alone
+            self.unsaved.append(str(exc))
         except OSError as exc:  # a read-only folder: the report still gets its types
             self.unsaved.append(f"{target}: {exc.strerror or exc}")
 

@@ -100,17 +100,17 @@ def execute(
             outcome.interrupted = True
             bar.write(f"Interrupted: finishing {len(in_flight)} task(s) in flight, then stopping.", file=sys.stderr)
 
-    # Ctrl-C only stops new work; rows in flight finish and are written.
-    previous = None
+    # Ctrl-C (and SIGTERM) only stops new work; rows in flight finish and are written.
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGINT, on_sigint)
+        previous = {sig: signal.signal(sig, on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             refill(pool)
             drain(pool)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     bar.close()
     outcome.seconds = time.perf_counter() - start
     return outcome

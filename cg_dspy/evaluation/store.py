@@ -6,16 +6,17 @@ last line. Opening a store repairs that: the torn tail is cut, failed rows and
 duplicates are dropped (atomically, through a temporary file and `os.replace`), and
 the ids already finished are skipped by the caller.
 
-A store is also careful about what it writes over:
-- `--out` must not be a directory or one of the run's inputs (the same file by path or
-  inode);
+A store is also careful about what it writes over (`core.files` holds the rules every
+output shares):
+- `--out` must not be a link, a directory or one of the run's inputs (the same file by
+  path or inode);
 - an existing file must be one this project wrote for the same kind of output
   (every row carries a `cg_dspy` block: kind, what produced it, and a digest of the
   task's input) unless `force`, which starts it anew;
 - rows written by different settings refuse the resume (the differences are named)
   unless `resume_anyway`; a row whose task input changed is done again;
-- one writer at a time: an advisory lock (`OUT.lock`, fcntl) is held while the store is
-  open; a second process is told who holds it.
+- one writer at a time: an advisory lock (`OUT.lock`, fcntl, never through a link) is
+  held while the store is open; a second process is told who holds it.
 """
 
 from __future__ import annotations
@@ -27,52 +28,11 @@ import sys
 import time
 from pathlib import Path
 
-from cg_dspy.evaluation.rows import read_jsonl
+from cg_dspy.core import files
+from cg_dspy.core.files import OutputLocked, OutputRefused
+from cg_dspy.evaluation.rows import read_jsonl, row_id
 
 KINDS = ("results", "graded")
-
-
-class OutputRefused(ValueError):
-    """The output path is not one this run may write."""
-
-
-class OutputLocked(OutputRefused):
-    """Another process is writing the same output."""
-
-
-def replace_file(path: str | os.PathLike, data: bytes) -> None:
-    """Write `path` whole or not at all: a fresh temporary file beside it (never one that
-    was there, never through a planted link), then renamed over it."""
-    import tempfile
-
-    path = Path(path)
-    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(partial, path)
-    except BaseException:
-        Path(partial).unlink(missing_ok=True)
-        raise
-
-
-def refuse_unless_ours(path: str | os.PathLike, marker: bytes, what: str) -> None:
-    """An existing output is replaced only if it carries our marker (near its start)."""
-    path = Path(path)
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        raise OutputRefused(f"{path}: exists and is not a file this command wrote; not overwritten")
-    if path.exists():
-        with path.open("rb") as f:
-            if marker not in f.read(8192):
-                raise OutputRefused(f"{path}: exists and is not {what}; not overwritten")
-
-
-def row_id(row: dict) -> str | None:
-    """A row's task id: `idx`, else the metadata's `task_id`."""
-    if row.get("idx") is not None:
-        return str(row["idx"])
-    meta = row.get("metadata") or {}
-    return str(meta["task_id"]) if isinstance(meta, dict) and meta.get("task_id") is not None else None
 
 
 def read_rows(path: str | os.PathLike) -> list[dict]:
@@ -93,13 +53,6 @@ def differences(expected: dict, found: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
-
-
 class ResultStore:
     """One output file of `kind`, written by one run; rows keyed by task id; rows with an
     `error` are retried."""
@@ -113,25 +66,20 @@ class ResultStore:
         self.rows: dict[str, dict] = {}
         self._fd = self._lock_fd = -1
         self.differences: list[str] = []  # what differed from the rows resumed (resume_anyway)
-        if self.path.is_dir():
-            raise OutputRefused(f"{self.path}: is a directory; --out names a file")
-        for source in inputs:
-            if source is not None and _same_file(self.path, Path(source)):
-                raise OutputRefused(f"{self.path}: is also an input of this run; write the output elsewhere")
+        files.check_target(self.path, inputs=inputs)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_fd = self._lock()
         try:
             if force and self.path.exists():
-                self.path.write_bytes(b"")
+                files.replace_whole(self.path, b"")
             self._recover(resume_anyway)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = files.open_append(self.path)
         except BaseException:
             self._unlock()
             raise
 
     def _lock(self) -> int:
-        lock = self.path.with_name(self.path.name + ".lock")
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = files.open_side(self.path.with_name(self.path.name + ".lock"))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -178,9 +126,7 @@ class ResultStore:
         self.differences = sorted(mismatched)
         clean = b"".join(_encode(r) for r in self.rows.values())
         if clean != body or body != raw:
-            tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-            tmp.write_bytes(clean)
-            os.replace(tmp, self.path)
+            files.replace_whole(self.path, clean)
 
     def discard(self, ids) -> None:
         """Forget finished rows (their input changed), so they are done again."""
@@ -190,10 +136,8 @@ class ResultStore:
         for rid in ids:
             del self.rows[rid]
         os.close(self._fd)
-        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        tmp.write_bytes(b"".join(_encode(r) for r in self.rows.values()))
-        os.replace(tmp, self.path)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        files.replace_whole(self.path, b"".join(_encode(r) for r in self.rows.values()))
+        self._fd = files.open_append(self.path)
 
     def done(self) -> set[str]:
         return set(self.rows)
@@ -236,3 +180,6 @@ def _tail(raw: bytes) -> bytes:
 
 def _encode(row: dict) -> bytes:
     return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+__all__ = ["KINDS", "OutputLocked", "OutputRefused", "ResultStore", "differences", "read_rows", "row_id"]

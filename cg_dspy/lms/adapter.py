@@ -35,8 +35,8 @@ import dspy
 import pydantic
 from dspy.utils.exceptions import AdapterParseError
 
+from cg_dspy.core.messages import Message
 from cg_dspy.lms.replies import split_reasoning
-from cg_dspy.method.schemas import Message
 
 CONVERSATION_FIELD = "conversation"
 PREVIOUS_FIELD = "previous_answer"
@@ -107,13 +107,33 @@ class ConversationAdapter(dspy.JSONAdapter):
         answer = split_reasoning(completion)[1]
         name = free_text_field(signature)
         if name is None:
-            return super().parse(signature, answer)
+            return super().parse(signature, _prevalidated(signature, answer))
         answer = answer.strip()
         if not answer:
             raise AdapterParseError(adapter_name=type(self).__name__, signature=signature, lm_response=completion,
                                     message="the reply holds no answer (empty, or only reasoning)")
         return {name: answer}
 
+
+
+def _prevalidated(signature, completion: str) -> str:
+    """The reply with each output field's own `BeforeValidator`s applied (a judge's "Yes."
+    read as "yes"): DSPy parses a field by its bare annotation and drops the validators
+    declared beside it. A reply that is not a JSON object is left to DSPy's parser."""
+    checks = {name: [m.func for m in field.metadata if isinstance(m, pydantic.BeforeValidator)]
+              for name, field in signature.output_fields.items()}
+    if not any(checks.values()):
+        return completion
+    try:
+        fields = json.loads(completion)
+    except ValueError:
+        return completion
+    if not isinstance(fields, dict):
+        return completion
+    for name, funcs in checks.items():
+        for func in funcs if name in fields else ():
+            fields[name] = func(fields[name])
+    return json.dumps(fields, ensure_ascii=False)
 
 
 def stage_messages(signature, demos, inputs) -> list[dict[str, str]]:

@@ -161,17 +161,27 @@ def _schema_of(response_format) -> dict | None:
     return response_format.get("schema") or nested.get("schema")
 
 
+# The longest string a schema may bound by characters. A grammar-constrained server
+# compiles maxLength into a repetition; measured on llama-cpp-python's server, 1,000
+# compiles, 1,500 makes it refuse the grammar and die (segmentation fault), taking every
+# other request with it. Longer text is bounded by max_tokens instead.
+GRAMMAR_MAX_CHARS = 500
+
+
 FREE_TEXT_FIELDS = frozenset({"answer", "revised_answer", "feedback", "new_instruction", "shortened_instruction"})
 
 
 def bound_schema(schema, max_items: int, max_chars: int, *, nested: bool = False):
-    """A copy of a JSON schema with short lists: at most `max_items` items per array
-    and `max_chars` per string inside one. Other top-level strings (a judge's reason)
-    get three times that; answers and instructions stay unbounded.
+    """A copy of a JSON schema whose lists of findings are short: at most `max_items`
+    items per array and `max_chars` per string inside one; other top-level text (a
+    judge's reason) gets three times that. No bound exceeds GRAMMAR_MAX_CHARS: beyond it
+    text is bounded by max_tokens (and findings are clipped after parsing,
+    schemas.MAX_ITEM_CHARS). Answers and instructions stay unbounded.
 
     DSPy builds output schemas from bare annotations, so the bounds declared on the
     stage types do not all reach the grammar; a small model would otherwise repeat
-    items until max_tokens runs out.
+    items until max_tokens runs out. A list of labels (a judge's statuses, one per
+    requirement) is not capped: the task decides how many.
     """
     if isinstance(schema, list):
         return [bound_schema(v, max_items, max_chars, nested=nested) for v in schema]
@@ -179,7 +189,8 @@ def bound_schema(schema, max_items: int, max_chars: int, *, nested: bool = False
         return schema
     inside = nested or schema.get("type") == "array"
     out = {k: bound_schema(v, max_items, max_chars, nested=inside or k == "$defs") for k, v in schema.items()}
-    if out.get("type") == "array":
+    labels = isinstance(out.get("items"), dict) and "enum" in out["items"]
+    if out.get("type") == "array" and not labels:
         out["maxItems"] = min(out.get("maxItems", max_items), max_items)
     if out.get("type") == "string" and nested and "enum" not in out:
         out["maxLength"] = min(out.get("maxLength", max_chars), max_chars)
@@ -187,7 +198,18 @@ def bound_schema(schema, max_items: int, max_chars: int, *, nested: bool = False
         for name, prop in out["properties"].items():
             if name not in FREE_TEXT_FIELDS and prop.get("type") == "string" and "enum" not in prop:
                 prop["maxLength"] = min(prop.get("maxLength", 3 * max_chars), 3 * max_chars)
-    return out
+    return _grammar_safe(out)
+
+
+def _grammar_safe(schema: dict) -> dict:
+    """No string bound longer than GRAMMAR_MAX_CHARS, at any depth."""
+    for value in schema.values():
+        for item in value if isinstance(value, list) else value.values() if isinstance(value, dict) else ():
+            if isinstance(item, dict):
+                _grammar_safe(item)
+    if schema.get("maxLength", 0) > GRAMMAR_MAX_CHARS:
+        schema["maxLength"] = GRAMMAR_MAX_CHARS
+    return schema
 
 
 def reused_prefix(before: list[int], prompt: list[int]) -> int:

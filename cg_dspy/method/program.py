@@ -18,11 +18,12 @@ from dataclasses import dataclass
 
 import dspy
 
+from cg_dspy.core.messages import Message
 from cg_dspy.lms.adapter import stage_messages
 from cg_dspy.method import specialists
 from cg_dspy.method.guard import MIN_LENGTH_RATIO, revision_guard
 from cg_dspy.method.plan import build_plan, render_items
-from cg_dspy.method.schemas import AuditReport, GuardVerdict, Message, RevisionPlan, SpecialistReport
+from cg_dspy.method.schemas import AuditReport, GuardVerdict, RevisionPlan, SpecialistReport
 from cg_dspy.method.signatures import Generate, ProtectedRevision, ReminderDraft, StructuredAudit
 from cg_dspy.method.specialists import SPECIALISTS, SpecialistPolicy
 from cg_dspy.method.stages import StageFailure, Stages, span

@@ -9,21 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
 
-CATEGORIES: tuple[str, ...] = (
-    "Domain Knowledge Reasoning",
-    "Rule System Application",
-    "Procedural Task Execution",
-    "Empirical Discovery & Simulation",
-)
-Category = Literal[
-    "Domain Knowledge Reasoning",
-    "Rule System Application",
-    "Procedural Task Execution",
-    "Empirical Discovery & Simulation",
-]
-Role = Literal["system", "user", "assistant"]
+from cg_dspy.core.messages import CATEGORIES, Category, Message  # noqa: F401 - their old home, kept importable
+
 IssueType = Literal["numeric", "comparison", "coverage", "unit", "trend", "evidence"]
 
 # What a stage's cost entry counts: LM calls, answers DSPy's cache served, tokens the
@@ -53,17 +42,6 @@ def _clip_list(items: object) -> list:
 
 # The bounds are in the JSON schema too, so grammar-constrained decoding stops there.
 ItemText = Annotated[str, BeforeValidator(_clip), Field(max_length=MAX_ITEM_CHARS)]
-
-
-# --- the task -----------------------------------------------------------------------
-
-
-class Message(BaseModel):
-    """One chat turn, in the OpenAI format CL-bench uses."""
-
-    model_config = ConfigDict(extra="forbid")
-    role: Role
-    content: str
 
 
 # --- stage outputs ----------------------------------------------------------------------

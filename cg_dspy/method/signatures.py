@@ -9,11 +9,27 @@ free-text stage: the model's reply is that output, with no JSON around it.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import dspy
+from pydantic import BeforeValidator
 
-from cg_dspy.method.schemas import AuditItems, Message, SpecialistItems
+from cg_dspy.core.messages import Message
+from cg_dspy.method.schemas import AuditItems, SpecialistItems
+
+
+def _label(value: object) -> object:
+    """A judge's yes/no as servers that ignore the schema write it ("Yes.", "YES", "y",
+    true); anything else stays as it is and fails, so the vote is asked again."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, str):
+        word = value.strip().strip("\"'`*.!").strip().lower()
+        return {"y": "yes", "yes": "yes", "true": "yes", "n": "no", "no": "no", "false": "no"}.get(word, value)
+    return value
+
+
+JudgeLabel = Annotated[Literal["yes", "no"], BeforeValidator(_label)]
 
 
 def _list_output(desc: str):
@@ -174,7 +190,7 @@ class JudgeRequirement(dspy.Signature):
     response: str = dspy.InputField(desc="The student response to grade.")
     requirement: str = dspy.InputField(desc="The one requirement to check.")
     reason: str = dspy.OutputField(desc="A brief explanation of the decision.")
-    satisfaction_status: Literal["yes", "no"] = dspy.OutputField(desc="yes or no.")
+    satisfaction_status: JudgeLabel = dspy.OutputField(desc="yes or no.")
 
 
 class RequirementType(dspy.Signature):
@@ -208,6 +224,6 @@ class JudgeAllRubrics(dspy.Signature):
     response: str = dspy.InputField(desc="The student response to grade.")
     rubrics: str = dspy.InputField(desc="The numbered requirements.")
     grading_rationale: str = dspy.OutputField(desc="A brief check of each requirement.")
-    requirement_status: list[Literal["yes", "no"]] = dspy.OutputField(
+    requirement_status: list[JudgeLabel] = dspy.OutputField(
         desc="One yes/no per requirement, in the given order."
     )

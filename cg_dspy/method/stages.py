@@ -22,6 +22,7 @@ from cg_dspy.lms import replies
 from cg_dspy.method.schemas import COST_KEYS
 
 PARSE_ATTEMPTS = 2  # a stage's output that does not parse is asked for once more
+RETRY_ROLLOUTS = 1000  # rollout ids a repeat's retries may use
 RETRY_TEMPERATURE = 0.3
 
 
@@ -154,9 +155,11 @@ def retry_config(attempt: int) -> dict:
     cached reply, and not greedy (a greedy model would repeat the unusable reply)."""
     if not attempt:
         return {}
-    temperature = max(RETRY_TEMPERATURE, float((dspy.settings.lm.kwargs if dspy.settings.lm else {})
-                                               .get("temperature") or 0.0))
-    return {"rollout_id": attempt, "temperature": temperature}
+    kwargs = dspy.settings.lm.kwargs if dspy.settings.lm else {}
+    temperature = max(RETRY_TEMPERATURE, float(kwargs.get("temperature") or 0.0))
+    # A repeated run samples with its own rollout id (harness.run(repeat=...)); its retries
+    # must not land on another repeat's cache entries.
+    return {"rollout_id": RETRY_ROLLOUTS * int(kwargs.get("rollout_id") or 0) + attempt, "temperature": temperature}
 
 
 class CallTracker(UsageTracker):

@@ -3,19 +3,23 @@
 Task-solving rate under strict all-requirements scoring (Eq. 10-12), breakdowns by
 category, sub-category and input length (Figure 3-4), the near-miss distribution and
 migration (Appendix H), requirement-level repair and regression (Appendix I) and
-judge stability (Table 5). Percentages are numbers in 0-100.
+judge stability (Table 5). Every rate carries its 95% interval and every comparison of
+two runs its paired difference, interval and McNemar p (`statistics`); repeated runs
+of one method are summarized as mean ± std. Percentages are numbers in 0-100.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
+from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
 from cg_dspy.evaluation.data import LENGTH_BINS, length_bin, token_length
 from cg_dspy.evaluation.rows import GradedRow, graded_rows
 from cg_dspy.method.stages import cost_totals
+from cg_dspy.reports import statistics
 
 NEAR_MISS_BINS = ("0", "1", "2-3", "4-8", ">8")
 RUBRIC_TYPES = (
@@ -69,15 +73,23 @@ def _pct(num: float, den: float) -> float | None:
     return round(100.0 * num / den, 2) if den else None
 
 
+def rate_cell(solved: int, tasks: int) -> dict:
+    """Tasks, solved, the task-solving rate and its 95% (Wilson) interval."""
+    return {"tasks": tasks, "solved": solved, "task_solving_rate": _pct(solved, tasks),
+            "task_solving_rate_ci95": statistics.rate_ci(solved, tasks)}
+
+
 def _rate_table(rows: list[GradedRow], key) -> dict[str, dict]:
     groups: dict[str, list[GradedRow]] = defaultdict(list)
     for r in rows:
         groups[key(r)].append(r)
-    return {
-        name: {"tasks": len(g), "solved": sum(r.solved for r in g),
-               "task_solving_rate": _pct(sum(r.solved for r in g), len(g))}
-        for name, g in sorted(groups.items())
-    }
+    return {name: rate_cell(sum(r.solved for r in g), len(g)) for name, g in sorted(groups.items())}
+
+
+def pass_fraction(row: GradedRow) -> float:
+    """The share of a task's requirements satisfied (0 for a task without rubrics)."""
+    flags = row.satisfied
+    return sum(flags) / len(flags) if flags else 0.0
 
 
 def _sub_categories(rows: list[GradedRow]) -> dict[str, dict]:
@@ -110,19 +122,20 @@ def rubric_type_failure(rows, typer=rubric_type) -> dict[str, float | None]:
     return {t: _pct(sum(per_type[t]), len(per_type[t])) for t in RUBRIC_TYPES}
 
 
-def run_summary(rows, typer=rubric_type) -> dict:
-    """Every per-run figure of the report for one graded file."""
+def run_summary(rows, typer=rubric_type, bin_of=None) -> dict:
+    """Every per-run figure of the report for one graded file; `bin_of(row)` gives a
+    row's length bin (computed once per row by `report`)."""
     rows = graded_rows(rows)
-    n = len(rows)
-    n_solved = sum(r.solved for r in rows)
+    bin_of = bin_of or (lambda r: length_bin(token_length(r.messages)))
     near = dict.fromkeys(NEAR_MISS_BINS, 0)
     for r in rows:
         near[near_miss_bin(r.failed)] += 1
-    by_length = _rate_table(rows, lambda r: length_bin(token_length(r.messages)))
+    by_length = _rate_table(rows, bin_of)
+    fractions = [pass_fraction(r) for r in rows]
     summary = {
-        "tasks": n,
-        "solved": n_solved,
-        "task_solving_rate": _pct(n_solved, n),
+        **rate_cell(sum(r.solved for r in rows), len(rows)),
+        "rubric_pass_rate": _pct(sum(fractions), len(fractions)),
+        "rubric_pass_rate_ci95": statistics.bootstrap_mean_ci(fractions),
         "by_category": _rate_table(rows, lambda r: r.metadata.context_category),
         "by_sub_category": _sub_categories(rows),
         "by_length_bin": {b: by_length[b] for b in LENGTH_BINS if b in by_length},
@@ -135,29 +148,47 @@ def run_summary(rows, typer=rubric_type) -> dict:
     return summary
 
 
-def compare(before, after) -> dict:
-    """Migration and repair/regression from `before` to `after` (Appendix H-I).
+class NoCommonTasks(ValueError):
+    """Two runs to compare share no task: there is nothing to pair."""
 
-    Tasks are paired by id over the union of both files; a task missing from one side
-    counts there as unsolved with every requirement unsatisfied.
-    """
+
+def paired_rates(pairs: list[tuple[bool, bool]]) -> dict:
+    """Before/after task outcomes, paired: the difference of the two rates with its
+    paired 95% interval, the discordant counts and McNemar's exact p."""
+    both = sum(x and y for x, y in pairs)
+    newly = sum(y and not x for x, y in pairs)
+    broken = sum(x and not y for x, y in pairs)
+    n = len(pairs)
+    neither = n - both - newly - broken
+    return {"tasks": n, "delta_task_solving_rate": _pct(newly - broken, n),
+            "delta_task_solving_rate_ci95": statistics.paired_difference_ci(both, newly, broken, neither),
+            "mcnemar_p": statistics.mcnemar_exact(newly, broken), "newly_solved": newly, "broken_solved": broken}
+
+
+def compare(before, after, *, bin_of=None) -> dict:
+    """Before -> after over the tasks both runs hold (Appendix H-I): the paired difference
+    of task-solving rates (interval, McNemar p) overall and per length bin, the rubric
+    pass rate's paired bootstrap difference, the migration matrix and repair/regression.
+    Tasks only one run holds are left out and counted; none in common is an error."""
     b_rows = {r.task_id: r for r in graded_rows(before)}
     a_rows = {r.task_id: r for r in graded_rows(after)}
+    common = sorted(set(b_rows) & set(a_rows))
+    if not common:
+        raise NoCommonTasks("the two runs share no task id, so they cannot be compared (are they runs over the same "
+                            "tasks?)")
+    bin_of = bin_of or (lambda r: length_bin(token_length(r.messages)))
     migration = {x: dict.fromkeys(NEAR_MISS_BINS, 0) for x in NEAR_MISS_BINS}
-    newly = broken = preserved = 0
     repairs = regressions = changed = total = x0 = x1 = 0
-    for rid in sorted(set(b_rows) | set(a_rows)):
-        ref = b_rows.get(rid) or a_rows[rid]
-        m = len(ref.rubrics)
-        xs = b_rows[rid].satisfied[:m] if rid in b_rows else [False] * m
-        ys = a_rows[rid].satisfied[:m] if rid in a_rows else [False] * m
-        xs, ys = xs + [False] * (m - len(xs)), ys + [False] * (m - len(ys))
-        sx = b_rows[rid].solved if rid in b_rows else False
-        sy = a_rows[rid].solved if rid in a_rows else False
+    pairs, by_bin, fraction_deltas = [], defaultdict(list), []
+    for rid in common:
+        before_row, after_row = b_rows[rid], a_rows[rid]
+        m = len(before_row.rubrics)
+        xs = (before_row.satisfied[:m] + [False] * m)[:m]
+        ys = (after_row.satisfied[:m] + [False] * m)[:m]
         migration[near_miss_bin(xs.count(False))][near_miss_bin(ys.count(False))] += 1
-        newly += sy and not sx
-        broken += sx and not sy
-        preserved += sx and sy
+        pairs.append((before_row.solved, after_row.solved))
+        by_bin[bin_of(before_row)].append(pairs[-1])
+        fraction_deltas.append(pass_fraction(after_row) - pass_fraction(before_row))
         for x, y in zip(xs, ys):
             total += 1
             x1 += x
@@ -165,14 +196,20 @@ def compare(before, after) -> dict:
             repairs += (not x) and y
             regressions += x and not y
             changed += x != y
+    overall = paired_rates(pairs)
     repair_p = _pct(repairs, x0)
     regression = _pct(regressions, x1)
     return {
+        **{k: v for k, v in overall.items() if k != "tasks"},
+        "tasks_compared": len(common),
+        "tasks_only_before": len(set(b_rows) - set(a_rows)),
+        "tasks_only_after": len(set(a_rows) - set(b_rows)),
+        "delta_rubric_pass_rate": _pct(sum(fraction_deltas), len(fraction_deltas)),
+        "delta_rubric_pass_rate_ci95": statistics.bootstrap_mean_ci(fraction_deltas),
+        "by_length_bin": {b: paired_rates(by_bin[b]) for b in LENGTH_BINS if b in by_bin},
         "migration": migration,
-        "newly_solved": newly,
-        "broken_solved": broken,
-        "preserved_solved": preserved,
-        "net_solved_gain": newly - broken,
+        "preserved_solved": sum(x and y for x, y in pairs),
+        "net_solved_gain": overall["newly_solved"] - overall["broken_solved"],
         "change_rate": _pct(changed, total),
         "repair_probability": repair_p,
         "regression_risk": regression,
@@ -284,10 +321,50 @@ def row_label(row: GradedRow) -> str | None:
     return method_label(row.method, ablate if isinstance(ablate, (list, tuple)) else ())
 
 
-def runs_by_label(files: dict[str, list]) -> dict[str, list[GradedRow]]:
-    """One run per method variant: a file mixing methods is several runs; rows without a
-    method are labelled by their file's name (its path when two files share a name); a
-    label two files share names its file."""
+@dataclass
+class Labelled:
+    """Graded files as a report's runs: one per label (a file mixing methods is several
+    runs); files of one method, settings and tasks are repeats of one run, which stands
+    for them by its per-task majority (`majority`); `notes` says why files of one label
+    are not repeats."""
+
+    runs: dict[str, list[GradedRow]] = field(default_factory=dict)
+    repeats: dict[str, list[list[GradedRow]]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _settings(rows: list[GradedRow]) -> dict | None:
+    """What produced a file's rows (generation and grading), its repeat number left out;
+    None for rows from elsewhere, which say nothing to tell repeats apart by."""
+    block = (rows[0].model_extra or {}).get("cg_dspy") or {} if rows else {}
+    generation = block.get("generation") if isinstance(block, dict) else None
+    if not isinstance(generation, dict):
+        return None
+    return {"generation": {k: v for k, v in generation.items() if k != "repeat"}, "grading": block.get("run")}
+
+
+def majority(repeats: list[list[GradedRow]]) -> list[GradedRow]:
+    """One row per task standing for its repeats: the first repeat's row whose outcome is
+    the majority outcome (solved in more than half of the repeats; a tie is unsolved), so
+    every figure reads a real, consistent row."""
+    by_task: dict[str, list[GradedRow]] = defaultdict(list)
+    for rows in repeats:
+        for r in rows:
+            by_task[r.task_id].append(r)
+    chosen = []
+    for rows in by_task.values():
+        solved = sum(r.solved for r in rows) > len(repeats) / 2
+        chosen.append(next((r for r in rows if r.solved == solved), rows[0]))
+    return chosen
+
+
+def label_files(files: dict[str, list]) -> Labelled:
+    """Graded files as runs, by label: rows without a method are labelled by their file's
+    name (its path when two files share a name); a label two files share is one run of
+    repeats when their settings (but the repeat) and tasks agree, else one run per file
+    named by its file, with the difference said."""
+    from cg_dspy.evaluation.store import differences
+
     groups: dict[tuple[str | None, str], list[GradedRow]] = {}
     for path, rows in files.items():
         for row in graded_rows(rows):
@@ -297,9 +374,55 @@ def runs_by_label(files: dict[str, list]) -> dict[str, list[GradedRow]]:
     def where(path: str) -> str:  # the file's name, or its whole path when two files share a name
         return Path(path).name if names.count(Path(path).name) == 1 else path
 
-    labels = [label for label, _ in groups]
-    return {(where(path) if label is None else label if labels.count(label) == 1 else f"{label} [{where(path)}]"):
-            rows for (label, path), rows in groups.items()}
+    out = Labelled()
+    by_label: dict[str | None, list[str]] = defaultdict(list)
+    for label, path in groups:
+        by_label[label].append(path)
+    for label, paths in by_label.items():
+        if label is None or len(paths) == 1:
+            for path in paths:
+                out.runs[where(path) if label is None else label] = groups[(label, path)]
+            continue
+        runs = [groups[(label, path)] for path in paths]
+        settings = [_settings(rows) for rows in runs]
+        tasks = [{r.task_id for r in rows} for rows in runs]
+        if settings[0] is not None and all(x == settings[0] for x in settings) and all(t == tasks[0] for t in tasks):
+            out.repeats[label] = runs
+            out.runs[label] = majority(runs)
+            continue
+        for path, rows in zip(paths, runs):
+            out.runs[f"{label} [{where(path)}]"] = rows
+        other = next((i for i in range(1, len(runs)) if settings[i] != settings[0] or tasks[i] != tasks[0]), 1)
+        if settings[0] is None or settings[other] is None:
+            why = "no recorded settings to match"
+        elif settings[other] != settings[0]:
+            why = "; ".join(differences(settings[other], settings[0])[:4])
+        else:
+            why = "other tasks"
+        out.notes.append(f"{label}: {where(paths[0])} and {where(paths[other])} are not repeats of one run ({why}); "
+                         "reported as separate runs")
+    return out
+
+
+def runs_by_label(files: dict[str, list]) -> dict[str, list[GradedRow]]:
+    """One run per label (see `label_files`; repeats as their per-task majority)."""
+    return label_files(files).runs
+
+
+def repeat_summary(repeats: list[list[GradedRow]]) -> dict:
+    """Repeats of one run as CL-bench's leaderboard prints them: the task-solving rate's
+    mean ± sample std over the runs, overall and per category."""
+    rates = [100.0 * sum(r.solved for r in rows) / len(rows) for rows in repeats if rows]
+    mean, std = statistics.mean_std(rates)
+    categories = sorted({r.metadata.context_category for rows in repeats for r in rows})
+    by_category = {}
+    for cat in categories:
+        per_run = [[r for r in rows if r.metadata.context_category == cat] for rows in repeats]
+        cat_mean, cat_std = statistics.mean_std([100.0 * sum(r.solved for r in rows) / len(rows)
+                                                 for rows in per_run if rows])
+        by_category[cat] = {"mean": cat_mean, "std": cat_std}
+    return {"runs": len(repeats), "tasks": len(repeats[0]) if repeats else 0, "mean": mean, "std": std,
+            "task_solving_rates": [round(x, 2) for x in rates], "by_category": by_category}
 
 
 def comparisons(result: dict) -> dict[tuple[str, str], dict]:
@@ -311,15 +434,29 @@ def comparisons(result: dict) -> dict[tuple[str, str], dict]:
     return out
 
 
-def report(runs: dict[str, list], *, typer=rubric_type, typer_name: str = "keyword") -> dict:
-    """The JSON report: `runs`, plus `comparison` for two runs, `judge_stability` (per run
+def report(runs: dict[str, list], *, typer=rubric_type, typer_name: str = "keyword",
+           repeats: dict[str, list[list]] | None = None, notes: list[str] = ()) -> dict:
+    """The JSON report: `runs`, plus `comparison` for two runs (paired over their common
+    tasks), `repeats` (mean ± std per run that has them), `judge_stability` (per run
     graded with every vote drawn, else null with `judge_stability_reason`) and `cost` when
     the graded rows carry generation cost."""
     runs = {name: graded_rows(rows) for name, rows in runs.items()}
-    out: dict = {"runs": {name: run_summary(rows, typer) for name, rows in runs.items()}, "rubric_typer": typer_name}
+    bins: dict[int, str] = {}
+
+    def bin_of(row: GradedRow) -> str:  # every conversation tokenized once
+        if id(row) not in bins:
+            bins[id(row)] = length_bin(token_length(row.messages))
+        return bins[id(row)]
+
+    out: dict = {"runs": {name: run_summary(rows, typer, bin_of) for name, rows in runs.items()},
+                 "rubric_typer": typer_name}
     names = list(runs)
     if len(names) == 2:
-        out["comparison"] = compare(runs[names[0]], runs[names[1]])
+        out["comparison"] = compare(runs[names[0]], runs[names[1]], bin_of=bin_of)
+    if repeats:
+        out["repeats"] = {name: repeat_summary([graded_rows(r) for r in rows]) for name, rows in repeats.items()}
+    if notes:
+        out["notes"] = list(notes)
     stability = {name: judge_stability(rows) for name, rows in runs.items()}
     stability = {k: v for k, v in stability.items() if v is not None}
     out["judge_stability"] = stability or None
@@ -331,3 +468,9 @@ def report(runs: dict[str, list], *, typer=rubric_type, typer_name: str = "keywo
     if cost:
         out["cost"] = cost
     return out
+
+
+def report_files(files: dict[str, list], **options) -> dict:
+    """`report` over graded files: runs by label, repeats summarized, notes kept."""
+    labelled = label_files(files)
+    return report(labelled.runs, repeats=labelled.repeats, notes=labelled.notes, **options)

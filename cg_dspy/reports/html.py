@@ -7,10 +7,12 @@ import base64
 import html
 from pathlib import Path
 
-from cg_dspy.evaluation.store import OutputRefused, refuse_unless_ours, replace_file
+from cg_dspy.core import files
+from cg_dspy.core.files import OutputRefused
 from cg_dspy.reports import markdown, plots
 
 GENERATOR = '<meta name="generator" content="contextguard report">'
+PAGE = files.Kind("a contextguard report page", GENERATOR.encode())
 
 STYLE = """body{font:15px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
@@ -51,13 +53,10 @@ def check(path: str | Path) -> Path:
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
         raise OutputRefused(f"{path}: --html names an .html file")
-    refuse_unless_ours(path, GENERATOR.encode(), "a contextguard report")
-    return path
+    return files.check(path, PAGE)
 
 
 def write(result: dict, path: str | Path, drawn: dict | None = None) -> Path:
     """Write the page whole; an existing file is replaced only if it is one of ours."""
-    path = check(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_file(path, to_html(result, drawn=drawn).encode("utf-8"))
-    return path
+    check(path)
+    return files.write(path, to_html(result, drawn=drawn).encode("utf-8"), PAGE)

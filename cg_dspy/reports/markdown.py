@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from cg_dspy.core import files
 from cg_dspy.evaluation.data import LENGTH_BINS
 from cg_dspy.reports.analysis import NEAR_MISS_BINS, RUBRIC_TYPES, comparisons
+
+MARKER = "<!-- contextguard report -->"  # first line of every Markdown report: how one of ours is known
+KIND = files.Kind("a contextguard Markdown report", MARKER.encode())
 
 
 def cell(value) -> str:
@@ -16,8 +21,9 @@ def cell(value) -> str:
 
 
 def _fmt(value) -> str:
-    """A Markdown cell; text from files cannot break the table (| and newlines escaped)."""
-    return " ".join(cell(value).split()).replace("|", "\\|")
+    """A Markdown cell; text from files cannot break the table (| and newlines escaped) or
+    open HTML on the page (< as an entity; the arrows of titles stay readable)."""
+    return " ".join(cell(value).split()).replace("<", "&lt;").replace("|", "\\|")
 
 
 def _table(header: list[str], rows: list[list]) -> str:
@@ -26,18 +32,34 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def interval(ci) -> str:
+    """A 95% interval as a reader writes it: [2.24, 47.09]."""
+    return f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "–"
+
+
+def rate(cell: dict) -> str:
+    """A rate with its interval and counts: 12.50 [2.24, 47.09] (1/8)."""
+    return f"{cell['task_solving_rate']:.2f} {interval(cell.get('task_solving_rate_ci95'))} " \
+           f"({cell['solved']}/{cell['tasks']})" if cell['task_solving_rate'] is not None else "–"
+
+
+def p_value(p: float | None) -> str:
+    """A p-value in the precision that matters: 0.032, 1.5e-08."""
+    return "–" if p is None else f"{p:.2g}" if p < 0.001 else f"{p:.3f}"
+
+
+def difference(value: float | None, ci) -> str:
+    """A paired difference in points with its interval: +4.21 [2.77, 5.68]."""
+    return "–" if value is None else f"{value:+.2f} {interval(ci)}"
+
+
 def _rates(title: str, runs: dict, key: str) -> Table:
     names = list(runs)
     groups = sorted({g for r in runs.values() for g in r[key]}, key=lambda g: (
         LENGTH_BINS.index(g) if g in LENGTH_BINS else -1, g))
-    rows = []
-    for g in groups:
-        cells = []
-        for n in names:
-            cell = runs[n][key].get(g)
-            cells.append(f"{_fmt(cell['task_solving_rate'])} ({cell['solved']}/{cell['tasks']})" if cell else "–")
-        rows.append([g, *cells])
-    return Table(title, [key.replace("by_", "").replace("_", " "), *names], rows)
+    rows = [[g, *(rate(runs[n][key][g]) if g in runs[n][key] else "–" for n in names)] for g in groups]
+    return Table(title, [key.replace("by_", "").replace("_", " "), *names], rows,
+                 note="Each cell: task-solving rate (%), its 95% interval, (solved/tasks).")
 
 
 @dataclass
@@ -59,8 +81,22 @@ def tables(result: dict) -> list[Table]:
     """The report's tables, in the order of the paper's tables."""
     runs = result["runs"]
     names = list(runs)
-    out = [Table("Task-solving rate (%)", ["run", "tasks", "solved", "TSR"],
-                 [[n, runs[n]["tasks"], runs[n]["solved"], runs[n]["task_solving_rate"]] for n in names], level=2)]
+    out = [Table("Task-solving rate (%)", ["run", "tasks", "solved", "TSR", "TSR 95% CI", "rubric pass rate",
+                                            "rubric pass 95% CI"],
+                 [[n, runs[n]["tasks"], runs[n]["solved"], runs[n]["task_solving_rate"],
+                   interval(runs[n]["task_solving_rate_ci95"]), runs[n].get("rubric_pass_rate"),
+                   interval(runs[n].get("rubric_pass_rate_ci95"))] for n in names], level=2,
+                 note="Intervals are 95%: Wilson's for the task-solving rate, a bootstrap over tasks for the rubric "
+                      "pass rate (a task's requirements are judged together).")]
+    if result.get("repeats"):
+        out.append(Table("Repeated runs: task-solving rate, mean ± std", ["run", "repeats", "tasks", "mean ± std",
+                                                                       "per run", *_categories(result)],
+                         [[n, r["runs"], r["tasks"], _mean_std(r), ", ".join(f"{x:.2f}" for x in
+                                                                          r["task_solving_rates"]),
+                           *(_mean_std(r["by_category"].get(c)) for c in _categories(result))]
+                          for n, r in result["repeats"].items()],
+                         note="Sample standard deviation (n - 1) over the repeats, as CL-bench's leaderboard prints "
+                              "it. The other tables read each task's majority outcome over its repeats."))
     for key, title in (("by_category", "By category"), ("by_sub_category", "By sub-category"),
                        ("by_length_bin", "By input length (cl100k_base tokens)")):
         out.append(_rates(title, runs, key))
@@ -70,12 +106,25 @@ def tables(result: dict) -> list[Table]:
     out.append(Table("Failure rate by requirement type (%, task-averaged)", ["type", *names],
                      [[t, *(runs[n]["rubric_type_failure"][t] for n in names)] for t in RUBRIC_TYPES],
                      note=f"Requirement types by the {typer} typer."))
-    for (before, after), c in comparisons(result).items():
+    paired = comparisons(result)
+    if paired:
+        out.append(Table("Paired comparisons (tasks both runs hold)",
+                         ["before -> after", "tasks", "Δ TSR (points) [95% CI]", "McNemar p", "newly solved",
+                          "broken", "Δ rubric pass rate [95% CI]", "left out"],
+                         [[f"{b} -> {a}", c["tasks_compared"],
+                           difference(c["delta_task_solving_rate"], c["delta_task_solving_rate_ci95"]),
+                           p_value(c["mcnemar_p"]), c["newly_solved"], c["broken_solved"],
+                           difference(c["delta_rubric_pass_rate"], c["delta_rubric_pass_rate_ci95"]),
+                           c["tasks_only_before"] + c["tasks_only_after"]] for (b, a), c in paired.items()], level=2,
+                         note="Δ TSR: Newcombe's paired 95% interval; McNemar p: exact two-sided test of newly solved "
+                              "against broken tasks; Δ rubric pass rate: paired bootstrap over tasks. An interval "
+                              "that holds 0 (or p ≥ 0.05) means the runs are not shown to differ."))
+    for (before, after), c in paired.items():
         title = f"{before} -> {after}"
         out.append(Table(f"{title}: migration (rows: before, columns: after)", ["before \\ after", *NEAR_MISS_BINS],
                          [[b, *c["migration"][b].values()] for b in NEAR_MISS_BINS], level=2))
         out.append(Table(f"{title}: repair and regression", ["measure", "value"],
-                         [[k, v] for k, v in c.items() if k != "migration"]))
+                         [[k, v] for k, v in c.items() if k in REPAIR_KEYS]))
     if result.get("cost"):
         out.append(Table("Generation cost per task", ["run", *COST_KEYS],
                          [[n, *(c[k] for k in COST_KEYS)] for n, c in result["cost"].items()]))
@@ -87,12 +136,28 @@ def tables(result: dict) -> list[Table]:
                            s[lvl]["majority_vote_agreement"]] for lvl in ("requirement", "task")]))
     if result.get("judge_stability_reason"):
         out.append(Table("Judge stability", [], [], note=result["judge_stability_reason"]))
+    for note in result.get("notes") or ():
+        out.append(Table("Note", [], [], note=note))
     return out
+
+
+REPAIR_KEYS = ("preserved_solved", "net_solved_gain", "change_rate", "repair_probability", "regression_risk",
+               "positive_change_precision", "benefit_risk_ratio", "net_requirement_gain")
+
+
+def _categories(result: dict) -> list[str]:
+    return sorted({c for r in result["repeats"].values() for c in r["by_category"]})
+
+
+def _mean_std(cell: dict | None) -> str:
+    if not cell or cell.get("mean") is None:
+        return "–"
+    return f"{cell['mean']:.2f}" + (f" ± {cell['std']:.2f}" if cell.get("std") is not None else "")
 
 
 def to_markdown(result: dict) -> str:
     """The report as Markdown tables, in the order of the paper's tables."""
-    out = []
+    out = [MARKER]
     for t in tables(result):
         out.append(f"{'#' * t.level} {_fmt(t.title)}\n")
         if t.header:
@@ -107,17 +172,31 @@ def compare_markdown(result: dict) -> str:
     scores and the diff of instructions and demos, then one compact table per run kind."""
     out = []
     for stage, cell in result["stages"].items():
-        header = ["version", "variant", "run", "optimizer", "dev TSR before", "dev TSR after", "demos"]
-        rows = [[v["version"], v["variant"], v["run_id"][:8], v["optimizer"], v["dev_before"], v["dev_after"],
+        header = ["version", "variant", "run", "optimizer", "dev tasks", "dev TSR before", "dev TSR after [95% CI]",
+                  "Δ vs untuned (points) [95% CI]", "McNemar p", "demos"]
+        rows = [[v["version"], v["variant"], v["run_id"][:8], v["optimizer"], v.get("dev_tasks"), v["dev_before"],
+                 "–" if v["dev_after"] is None else f"{v['dev_after']:.2f} {interval(v.get('dev_after_ci95'))}",
+                 difference(v.get("dev_delta"), v.get("dev_delta_ci95")), p_value(v.get("dev_mcnemar_p")),
                  v["demos"]] for v in cell["versions"]]
         out += [f"## contextguard.{stage}\n", _table(header, rows),
+                "\nEach tuned version against the untuned program on the same dev tasks, paired. A difference whose "
+                "interval holds 0 is not shown to be real: pick a variant on a split large enough "
+                "(`contextguard split` says what it can detect).",
                 f"\n### instructions, v{cell['a']} -> v{cell['b']}\n",
-                "```diff\n" + (cell["instructions_diff"] or "(unchanged)") + "\n```",
+                _fenced(cell["instructions_diff"] or "(unchanged)"),
                 f"\n### demos, v{cell['a']} -> v{cell['b']}\n",
-                "```diff\n" + (cell["demos_diff"] or "(unchanged)") + "\n```\n"]
+                _fenced(cell["demos_diff"] or "(unchanged)") + "\n"]
     if not result["stages"]:
         out.append("No stage has a tuned version in the Prompt Registry yet (run `contextguard optimize`).\n")
     for kind, rows in result["runs"].items():
         header = list(rows[0])
         out += [f"## {kind} runs\n", _table(header, [[r.get(h) for h in header] for r in rows]), ""]
     return "\n".join(out) + "\n"
+
+
+def _fenced(text: str, lang: str = "diff") -> str:
+    """A code block whose fence is longer than any run of backticks inside it, so text
+    from the registry cannot close it early."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{text}\n{fence}"

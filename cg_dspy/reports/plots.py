@@ -10,6 +10,7 @@ numbers with the report's tables.
 
 from __future__ import annotations
 
+import functools
 import io
 import textwrap
 import zlib
@@ -21,10 +22,10 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
+from cg_dspy.core import files  # noqa: E402
+from cg_dspy.core.messages import CATEGORIES  # noqa: E402
 from cg_dspy.evaluation.data import LENGTH_BINS  # noqa: E402
-from cg_dspy.evaluation.store import refuse_unless_ours, replace_file  # noqa: E402
 from cg_dspy.method.program import ABLATIONS  # noqa: E402
-from cg_dspy.method.schemas import CATEGORIES  # noqa: E402
 from cg_dspy.reports.analysis import NEAR_MISS_BINS, RUBRIC_TYPES, comparisons  # noqa: E402
 
 DPI = 110
@@ -68,18 +69,32 @@ def _versus(names: list[str]) -> str:
 
 
 def _grouped_bars(ax, groups: list[str], series: dict[str, list[float | None]], colours: dict[str, str], *,
-                  horizontal: bool, fmt=lambda name, v: f"{v:.1f}", fontsize: float = 8, blank=()) -> None:
+                  horizontal: bool, fmt=lambda name, v: f"{v:.1f}", fontsize: float = 8, blank=(),
+                  errors: dict[str, list] | None = None) -> None:
     """Bars per group, one per series, each labelled with its value (– when absent; nothing
-    on the groups in `blank`, which are headings)."""
+    on the groups in `blank`, which are headings). `errors` gives a series' 95% intervals
+    ([lo, hi] per group, None where there is none): drawn as error bars, the value label
+    just past the interval's end so the two never cross."""
     n = max(1, len(series))
     width = 0.8 / n
     for i, (name, values) in enumerate(series.items()):
         shown = [g for g in range(len(groups)) if g not in blank]
         pos = [g - 0.4 + width * (i + 0.5) for g in shown]
+        heights = [values[g] or 0 for g in shown]
+        cis = [(errors or {}).get(name, [None] * len(groups))[g] if values[g] is not None else None for g in shown]
+        spread = [[h - ci[0] if ci else 0 for h, ci in zip(heights, cis)],
+                  [ci[1] - h if ci else 0 for h, ci in zip(heights, cis)]]
+        bar_errors = {("xerr" if horizontal else "yerr"): spread} if any(cis) else {}
         draw = ax.barh if horizontal else ax.bar
-        bars = draw(pos, [values[g] or 0 for g in shown], width * 0.92, label=name, color=colours[name])
-        labels = [fmt(name, values[g]) if values[g] is not None else "–" for g in shown]
-        ax.bar_label(bars, labels, padding=2, fontsize=fontsize, rotation=0 if horizontal or n <= 3 else 90)
+        draw(pos, heights, width * 0.92, label=name, color=colours[name], **bar_errors,
+             error_kw={"elinewidth": 0.8, "capsize": 2, "ecolor": "#333333"})
+        for g, at, h, ci in zip(shown, pos, heights, cis):
+            end = ci[1] if ci else h
+            text = fmt(name, values[g]) if values[g] is not None else "–"
+            ax.annotate(text, (end, at) if horizontal else (at, end), xytext=(3, 0) if horizontal else (0, 2),
+                        textcoords="offset points", ha="left" if horizontal else "center",
+                        va="center" if horizontal else "bottom", fontsize=fontsize,
+                        rotation=0 if horizontal or n <= 3 else 90)
 
 
 def _value_axis(ax, values, *, horizontal: bool, room: float = 1.18, label: str) -> None:
@@ -88,6 +103,18 @@ def _value_axis(ax, values, *, horizontal: bool, room: float = 1.18, label: str)
     (ax.set_xlabel if horizontal else ax.set_ylabel)(label)
     ax.grid(axis="x" if horizontal else "y", alpha=0.3)
     ax.set_axisbelow(True)
+
+
+def literal_text(draw):
+    """Draw with every text taken literally: a category named "Tuition $#1 vs $#2" or
+    "Pricing $5-$10" is not matplotlib math (which fails, or renders italics)."""
+
+    @functools.wraps(draw)
+    def drawn_literally(*args, **kwargs):
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return draw(*args, **kwargs)
+
+    return drawn_literally
 
 
 def _figure(width: float, height: float):
@@ -103,6 +130,22 @@ def _legend(fig, names: list[str]) -> None:
     handles, labels = fig.axes[0].get_legend_handles_labels()
     fig.legend(handles, [textwrap.fill(label, 56) for label in labels], loc="outside lower center",
                ncol=columns, fontsize=8, frameon=False)
+
+
+def error_bars(fig) -> dict[str, list[tuple[float, float]]]:
+    """The 95% intervals a figure draws as error bars, per series label: (lo, hi) per bar."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for ax in fig.axes:
+        for container in ax.containers:
+            bars = getattr(container, "errorbar", None)
+            if bars is None:
+                continue
+            horizontal = container.orientation == "horizontal"
+            for segment in bars.lines[2][0].get_segments():
+                (x0, y0), (x1, y1) = segment
+                lo, hi = sorted((x0, x1) if horizontal else (y0, y1))
+                out.setdefault(container.get_label(), []).append((round(lo, 2), round(hi, 2)))
+    return out
 
 
 def drawn(fig) -> dict[str, list[float]]:
@@ -170,12 +213,15 @@ def _bar_chart(series: dict[str, list], ticks: list[str], *, size: tuple[float, 
     (ax.set_yticks if horizontal else ax.set_xticks)(range(len(ticks)), ticks)
     if horizontal:
         ax.invert_yaxis()
-    _value_axis(ax, [v for vs in series.values() for v in vs], horizontal=horizontal, room=room, label=value_label)
+    highs = [ci[1] for cis in (bar_options.get("errors") or {}).values() for ci in cis if ci]
+    _value_axis(ax, [v for vs in series.values() for v in vs] + highs, horizontal=horizontal, room=room,
+                label=value_label)
     fig.suptitle(title, fontsize=title_size)
     _legend(fig, names)
     return fig, ax
 
 
+@literal_text
 def subcategory_figure(result: dict):
     """Figure 3: TSR per sub-category, grouped under their macro-category (horizontal bars,
     so long names stay readable)."""
@@ -189,11 +235,13 @@ def subcategory_figure(result: dict):
     for cat in dict.fromkeys(cats[s] for s in subs):
         headings.add(len(rows))
         rows += [cat] + [s for s in subs if cats[s] == cat]
-    series = {n: [None if i in headings else (runs[n]["by_sub_category"].get(r) or {}).get("task_solving_rate")
-                  for i, r in enumerate(rows)] for n in names}
+    cells = {n: [None if i in headings else runs[n]["by_sub_category"].get(r) for i, r in enumerate(rows)]
+             for n in names}
+    series = {n: [c and c["task_solving_rate"] for c in cells[n]] for n in names}
+    errors = {n: [c and c.get("task_solving_rate_ci95") for c in cells[n]] for n in names}
     fig, ax = _bar_chart(series, rows, size=(9, 1.2 + 0.22 * len(rows) * max(1.6, len(names) * 0.9)),
-                         horizontal=True, blank=headings, value_label="Task-solving rate (%)",
-                         title=f"Task-solving rate by sub-category: {_versus(names)}")
+                         horizontal=True, blank=headings, value_label="Task-solving rate (%; whiskers: 95% interval)",
+                         title=f"Task-solving rate by sub-category: {_versus(names)}", errors=errors)
     for i, tick in enumerate(ax.get_yticklabels()):
         if i in headings:
             tick.set_fontweight("bold")  # a macro-category heading, its sub-categories below
@@ -207,28 +255,51 @@ def gain_pair(names: list[str]) -> tuple[str, str]:
     return base, "contextguard" if "contextguard" in names else names[-1]
 
 
+def paired_gain(result: dict, first: str, last: str, length_bin: str) -> tuple[float, list[float]] | None:
+    """`last` minus `first` in one length bin with its paired 95% interval, when the
+    report compares the two (either way round) over the very tasks the bars show; else
+    None (the bars' own difference is written, without an interval)."""
+    paired = comparisons(result)
+    shown = {result["runs"][n]["by_length_bin"][length_bin]["tasks"] for n in (first, last)}
+    for (before, after), sign in (((first, last), 1), ((last, first), -1)):
+        cell = paired.get((before, after), {}).get("by_length_bin", {}).get(length_bin)
+        if cell and shown == {cell["tasks"]}:
+            lo, hi = cell["delta_task_solving_rate_ci95"]
+            return sign * cell["delta_task_solving_rate"], [lo, hi] if sign > 0 else [-hi, -lo]
+    return None
+
+
+@literal_text
 def length_figure(result: dict):
-    """Figure 4: TSR per input-length bin, bars per run; the gain of `gain_pair` is
-    written above each bin."""
+    """Figure 4: TSR per input-length bin, bars per run with their 95% intervals; the
+    gain of `gain_pair` is written above each bin, with its paired interval when the
+    report pairs the two runs."""
     runs = result["runs"]
     names = list(runs)
     bins = [b for b in LENGTH_BINS if any(b in r["by_length_bin"] for r in runs.values())]
-    series = {n: [(runs[n]["by_length_bin"].get(b) or {}).get("task_solving_rate") for b in bins] for n in names}
+    cells = {n: [runs[n]["by_length_bin"].get(b) for b in bins] for n in names}
+    series = {n: [c and c["task_solving_rate"] for c in cells[n]] for n in names}
+    errors = {n: [c and c.get("task_solving_rate_ci95") for c in cells[n]] for n in names}
     first, last = gain_pair(names)
-    fig, ax = _bar_chart(series, bins, size=(max(6.0, 1.6 + 1.3 * len(bins) * max(1, len(names)) ** 0.5), 4.4),
-                         horizontal=False, room=1.32, value_label="Task-solving rate (%)", title_size=10,
+    fig, ax = _bar_chart(series, bins, size=(max(6.0, 1.6 + 1.3 * len(bins) * max(1, len(names)) ** 0.5), 4.6),
+                         horizontal=False, room=1.42, value_label="Task-solving rate (%; whiskers: 95% interval)",
+                         title_size=10, errors=errors,
                          title=f"Task-solving rate by input length: {_versus(names)}"
-                         + (f"\n(Δ: {last} minus {first}, points)" if first != last else ""))
+                         + (f"\n(Δ: {last} minus {first}, points, [paired 95% interval])" if first != last else ""))
     if first != last:
         top = ax.get_ylim()[1]
-        for x, (a, b) in enumerate(zip(series[first], series[last])):
-            if a is not None and b is not None:
-                ax.text(x, top * 0.93, f"Δ {b - a:+.1f}", ha="center", va="top", fontsize=9, fontweight="bold",
+        for x, (b, a, length) in enumerate(zip(series[first], series[last], bins)):
+            if b is not None and a is not None:
+                gain = paired_gain(result, first, last, length)
+                delta, ci = (a - b, None) if gain is None else gain
+                text = f"Δ {delta:+.1f}" + (f"\n[{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else "")
+                ax.text(x, top * 0.97, text, ha="center", va="top", fontsize=8, fontweight="bold",
                         color=colour(last) if last in METHOD_COLOURS else "black")
     ax.set_xlabel("Input length (cl100k_base tokens)")
     return fig
 
 
+@literal_text
 def near_miss_figure(result: dict):
     """Table 13 as bars: tasks per number of unsatisfied requirements, per run (count, share)."""
     runs = result["runs"]
@@ -243,6 +314,7 @@ def near_miss_figure(result: dict):
     return fig
 
 
+@literal_text
 def rubric_type_figure(result: dict):
     """Table 2 as bars: failure rate per requirement type, per run (lower is better)."""
     runs = result["runs"]
@@ -256,6 +328,7 @@ def rubric_type_figure(result: dict):
     return fig
 
 
+@literal_text
 def migration_figure(result: dict, before: str, after: str, comparison: dict):
     """Table 14 as a heatmap: tasks by failed requirements before (rows) and after."""
     matrix = comparison["migration"]
@@ -292,6 +365,7 @@ def _slug(text: str) -> str:
 
 
 SOFTWARE = "contextguard report"  # in each PNG's metadata: how a figure of ours is known
+FIGURE = files.Kind("a contextguard figure", SOFTWARE.encode())
 STEMS = ("tsr_by_sub_category", "tsr_by_length", "near_miss", "rubric_type_failure", "migration")
 
 
@@ -306,7 +380,7 @@ def check(directory: str | Path) -> Path:
         raise NotADirectoryError(f"{out}: --plots names a folder; this is a file")
     if out.is_dir():
         for path in _ours_by_name(out):
-            refuse_unless_ours(path, SOFTWARE.encode(), "a contextguard figure")
+            files.check(path, FIGURE)
     return out
 
 
@@ -338,8 +412,7 @@ def write_all(result: dict, directory: str | Path, drawn: dict[str, Rendered] | 
     written = []
     for stem, figure in (drawn or rendered(result)).items():
         path = out / f"{stem}.png"
-        replace_file(path, figure.png)
-        written.append(path)
+        written.append(files.write(path, figure.png, FIGURE))
     for stale in set(_ours_by_name(out)) - set(written):
         stale.unlink()
     return written

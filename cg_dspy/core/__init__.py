@@ -1,0 +1,1 @@
+"""What every layer shares and nothing above it: files written safely (`files`)."""

@@ -1,0 +1,156 @@
+"""MLflow runs of the commands (`run`, `eval`, `bench`, `optimize`): params with real
+values (keys redacted by value and by name, see redact.py), metrics, reports, and how
+each run ended: FINISHED, FAILED, or KILLED when it was stopped early."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from contextlib import contextmanager
+from pathlib import Path
+
+from cg_dspy.redact import redact
+from cg_dspy.tracking.store import KIND_TAG, mlflow
+
+
+class Run:
+    """The active run of a command: its `info` (MLflow's), and the status it ends with."""
+
+    def __init__(self, active):
+        self.info = active.info
+        self.status = "FINISHED"
+
+    def stopped_early(self) -> None:
+        """The command was interrupted: the run ends KILLED, not FINISHED."""
+        self.status = "KILLED"
+
+
+def _flatten(params: dict, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for k, v in params.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{name}."))
+        else:
+            out[name] = v if isinstance(v, (int, float, bool, str)) or v is None else json.dumps(v)
+    return out
+
+
+@contextmanager
+def run(name: str, *, kind: str, params: dict):
+    """An MLflow run of `kind` with redacted params. It ends FINISHED, KILLED (stopped
+    early, or interrupted by Ctrl-C / SIGTERM) or FAILED (an error), never RUNNING."""
+    active = mlflow().start_run(run_name=name)
+    handle, status = Run(active), "FAILED"
+    try:
+        mlflow().set_tag(KIND_TAG, kind)
+        mlflow().log_params({k: str(v)[:6000] for k, v in _flatten(redact(params)).items()})
+        yield handle
+        status = handle.status
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        mlflow().end_run(status)
+
+
+def _metric_name(text: str) -> str:
+    return re.sub(r"[^\w\-. /]", "_", text)
+
+
+def log_metrics(metrics: dict[str, float | None], prefix: str = "", step: int | None = None) -> None:
+    mlflow().log_metrics({_metric_name(f"{prefix}{k}"): float(v) for k, v in metrics.items()
+                          if isinstance(v, (int, float)) and not isinstance(v, bool)}, step=step)
+
+
+def _with_interval(name: str, value, ci) -> dict:
+    """A rate and its 95% interval as three metrics (MLflow metrics are single numbers)."""
+    out = {name: value}
+    if ci:
+        out.update({f"{name}.ci95_lo": ci[0], f"{name}.ci95_hi": ci[1]})
+    return out
+
+
+def log_summary(summary: dict, prefix: str = "") -> None:
+    """TSR and rubric pass rate with their 95% intervals, and per-category TSR, of one
+    analysis.run_summary (or optimize's dev scores)."""
+    metrics = _with_interval("task_solving_rate", summary["task_solving_rate"],
+                             summary.get("task_solving_rate_ci95"))
+    if "rubric_pass_rate" in summary:
+        metrics.update(_with_interval("rubric_pass_rate", summary["rubric_pass_rate"],
+                                      summary.get("rubric_pass_rate_ci95")))
+    for cat, cell in summary.get("by_category", {}).items():
+        metrics.update(_with_interval(f"tsr.{cat}", cell["task_solving_rate"], cell.get("task_solving_rate_ci95")))
+    log_metrics(metrics, prefix)
+
+
+def log_comparison(comparison: dict, prefix: str = "") -> None:
+    """A paired comparison: the difference of TSR with its interval, McNemar's p, the
+    discordant counts, and the rubric pass rate's difference with its interval."""
+    metrics = {**_with_interval("delta_task_solving_rate", comparison["delta_task_solving_rate"],
+                                comparison.get("delta_task_solving_rate_ci95")),
+               "mcnemar_p": comparison.get("mcnemar_p"), "newly_solved": comparison.get("newly_solved"),
+               "broken_solved": comparison.get("broken_solved")}
+    if comparison.get("delta_rubric_pass_rate") is not None:
+        metrics.update(_with_interval("delta_rubric_pass_rate", comparison["delta_rubric_pass_rate"],
+                                      comparison.get("delta_rubric_pass_rate_ci95")))
+    log_metrics(metrics, prefix)
+
+
+def log_report(report: dict, *, per_run: bool) -> None:
+    """Each run's summary (with intervals) and generation cost of an analysis.report, its
+    paired comparisons and repeats; `per_run` prefixes the metric names with the run's
+    name (several runs in one MLflow run)."""
+    for name, summary in report["runs"].items():
+        prefix = f"{name}." if per_run else ""
+        log_summary(summary, prefix)
+        if (report.get("cost") or {}).get(name):
+            log_metrics(report["cost"][name], prefix=f"{prefix}cost.")
+    from cg_dspy.reports.analysis import comparisons
+
+    for (before, after), comparison in comparisons(report).items():
+        log_comparison(comparison, prefix=f"{before} vs {after}.")
+    for name, repeats in (report.get("repeats") or {}).items():
+        log_metrics({"mean": repeats["mean"], "std": repeats["std"], "runs": repeats["runs"]},
+                    prefix=f"repeats.{name}.task_solving_rate.")
+
+
+def log_run_summary(summary: dict) -> None:
+    """A generation run's summary: tasks, paths taken, calls, tokens, traces stored."""
+    log_metrics({k: v for k, v in summary.items() if not isinstance(v, dict)})
+    log_metrics(summary.get("paths") or {}, prefix="paths.")
+    log_metrics(summary.get("traces") or {}, prefix="traces.")
+
+
+def log_text(text: str, artifact_file: str) -> None:
+    mlflow().log_text(redact(text), artifact_file)
+
+
+def log_artifacts(directory: str | Path, artifact_path: str) -> None:
+    mlflow().log_artifacts(str(directory), artifact_path)
+
+
+def log_split(name: str, tasks, source: str) -> None:
+    """A split as a run input (MLflow dataset): one row per task, with a digest."""
+    import pandas as pd
+
+    frame = pd.DataFrame([{"task_id": t.idx, "context_id": t.metadata.context_id, "category": t.category,
+                           "sub_category": t.metadata.sub_category, "rubrics": len(t.rubrics)} for t in tasks])
+    digest = hashlib.sha256(frame.to_json().encode()).hexdigest()[:16]
+    mlflow().log_input(mlflow().data.from_pandas(frame, source=source, name=f"{name} ({source})", digest=digest),
+                       context=name)
+
+
+@contextmanager
+def autolog():
+    """DSPy's own traces of the program calls an optimizer makes, scored by the metric
+    (as an assessment named after it); no program-state params, which would go stale."""
+    import mlflow.dspy
+
+    mlflow.dspy.autolog(log_traces=True, log_traces_from_compile=True, log_traces_from_eval=True,
+                        log_compiles=False, log_evals=False, silent=True)
+    try:
+        yield
+    finally:
+        mlflow.dspy.autolog(disable=True, silent=True)
