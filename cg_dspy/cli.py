@@ -2,7 +2,8 @@
 
 Exit status: 0 when every task finished, 1 when some task, input row or grade failed
 (each is listed), 2 for unusable input or arguments (one line naming the file, line,
-task and field), 130 when interrupted (rerun the same command to resume). Tracebacks
+task and field), 3 when `optimize` stopped at --max-calls (the best program so far is
+saved), 130 when interrupted (rerun the same command to resume). Tracebacks
 are for real bugs, and only with --debug.
 """
 
@@ -12,6 +13,7 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import os
@@ -35,7 +37,7 @@ from cg_dspy.redact import printable, scrub
 from cg_dspy.reports import analysis, markdown
 from cg_dspy.saved import MAX_ROUNDS, ProgramRefused
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CAPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 JUDGE_TEMPERATURE = 0.6
 USER_ERRORS = (data.InvalidInput, OSError, ValueError, OutputRefused, ProgramRefused)  # files, paths, values
 
@@ -386,40 +388,78 @@ def cmd_bench(args) -> int:
 
 def cmd_optimize(args) -> int:
     from cg_dspy import optimize, tracking
+    from cg_dspy.optimize import simulate
+    from cg_dspy.optimize.compile import check_splits
     from cg_dspy.saved import check_output
 
-    inputs = (_file_input(args.train), _file_input(args.dev))
+    inputs = (_file_input(args.train), _file_input(args.dev), _file_input(args.test) if args.test else None)
     check_output(args.out, force=args.force, inputs=inputs)  # before any work
     train, train_errors = _load(args.train, args.strict, None)
     dev, dev_errors = _load(args.dev, args.strict, None)
-    power = _power(args, {"dev": len(dev)})
+    test, test_errors = _load(args.test, args.strict, None) if args.test else (None, [])
+    check_splits(train, dev, test)
+    power = _power(args, {"dev": len(dev), **({"test": len(test)} if test else {})})
     task_settings, judge_settings = _lm_settings(args), _lm_settings(args, "judge-")
     reflection = None
     if args.reflection_model:
         reflection = build_lm(LMSettings(model=args.reflection_model, api_base=args.reflection_api_base,
                                          temperature=1.0, max_tokens=4000, cache=not args.no_cache))
+    options = dict(optimizer=args.optimizer, train=train, dev=dev, test=test, budget=args.budget,
+                   task_lm=build_lm(task_settings),
+                   judge_lm=build_lm(judge_settings, default_temperature=JUDGE_TEMPERATURE),
+                   reflection_lm=reflection, method=args.method, ablate=tuple(args.ablate),
+                   tunable=tuple(args.tunable), layout=args.layout, threads=args.threads, dev_votes=args.dev_votes)
+    with _quiet_optimizers():
+        estimate = simulate.estimate(**options)
+    _say(f"estimate: {_calls(estimate['calls'])} LM calls, {estimate['prompt_tokens']['total']:,} prompt tokens "
+         "(a simulated fresh run; the assumptions are in the JSON)")
+    if args.dry_run:
+        print(json.dumps({"estimate": estimate, "dev_power": power}, indent=1))
+        return EXIT_OK
     if not args.no_track:
         tracking.setup(args.tracking_uri, args.experiment)
     with contextlib.redirect_stdout(sys.stderr):  # optimizers print progress; stdout is the JSON below
         result = optimize.optimize(
-            optimizer=args.optimizer, train=train, dev=dev, budget=args.budget,
-            task_lm=build_lm(task_settings),
-            judge_lm=build_lm(judge_settings, default_temperature=JUDGE_TEMPERATURE),
-            reflection_lm=reflection, method=args.method, ablate=tuple(args.ablate), tunable=tuple(args.tunable),
-            layout=args.layout, threads=args.threads, out=args.out, track=not args.no_track,
-            trace=not args.no_trace, alias=args.alias, force=args.force, inputs=inputs,
+            **options, out=args.out, track=not args.no_track, trace=not args.no_trace, alias=args.alias,
+            force=args.force, inputs=inputs, max_calls=args.max_calls, estimate=estimate, progress=not args.quiet,
             params={"task_lm": task_settings.describe(), "judge_lm": judge_settings.describe(),
-                    "train": args.train, "dev": args.dev},
-        )
+                    "train": args.train, "dev": args.dev, "test": args.test or ""})
+    _say(f"called: {_calls(result.calls)} LM calls (estimated {_calls(estimate['calls'])})")
     shown = {k: {key: v for key, v in scores.items() if key != "per_task"}
              for k, scores in (("dev_before", result.dev_before), ("dev_after", result.dev_after))}
-    print(json.dumps({**shown, "dev_change": result.dev_change, "dev_power": power, "program": args.out,
-                      "mlflow_run": result.run_id, "judge_calls": result.judge_calls}, indent=1))
+    change = result.dev_change if result.dev_before and result.dev_after else None
+    print(json.dumps({**shown, "dev_change": change, "test": result.test, "dev_power": power,
+                      "capped": result.capped, "stopped": result.stopped, "calls": result.calls,
+                      "estimate": estimate, "program": args.out, "mlflow_run": result.run_id,
+                      "judge_calls": result.judge_calls}, indent=1))
+    if result.capped:
+        _say(f"contextguard: stopped at --max-calls {args.max_calls}: {result.stopped}; saved to {args.out}")
+        return EXIT_CAPPED
     failed = {k: v for k, v in (("before", result.dev_before), ("after", result.dev_after)) if v["errors"]}
     for when, scores in failed.items():
         _say(f"contextguard: {scores['errors']} dev task(s) failed with an error {when} compiling (scored 0); "
              f"the first: {printable(scores['first_error'])}")
-    return EXIT_FAILED if train_errors or dev_errors or failed else EXIT_OK
+    return EXIT_FAILED if train_errors or dev_errors or test_errors or failed else EXIT_OK
+
+
+def _calls(calls: dict) -> str:
+    parts = ", ".join(f"{role} {n:,}" for role, n in calls.items() if role != "total" and n)
+    return f"{calls.get('total', 0):,}" + (f" ({parts})" if parts else "")
+
+
+@contextmanager
+def _quiet_optimizers():
+    """The estimate plays the whole run: its optimizers' progress is not the run's."""
+    loggers = [logging.getLogger(name) for name in ("dspy", "gepa", "optuna")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def cmd_compare(args) -> int:
@@ -609,6 +649,16 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--strict", action="store_true")
     o.add_argument("--alias", help="set this alias (e.g. best) on the run's tuned prompt versions")
     o.add_argument("--force", action="store_true", help="replace --out even if it is not a saved program")
+    o.add_argument("--test", help="held-out tasks (no task of train or dev): the untuned and the tuned program are "
+                   "scored on them once at the end, with the paper's judge, paired")
+    o.add_argument("--dev-votes", type=odd_votes, default=3,
+                   help="judge votes per requirement when scoring dev and selecting (odd K, default 3: the paper's)")
+    o.add_argument("--max-calls", type=positive_int,
+                   help="stop at this many LM calls in all (task, judge, reflection): the best program scored on "
+                   "the whole dev set so far is saved, registered and tagged capped; exit 3")
+    o.add_argument("--dry-run", action="store_true",
+                   help="print the estimate of LM calls and prompt tokens (a simulated run) and stop: no LM call, "
+                   "no program written")
     discordance(o)
     common(o, judge_flags=True)
     tracked(o)

@@ -2,13 +2,17 @@
 
 By default only the audit predictors (the generic one and each integrated specialist's)
 and the revision are tuned (`tunable`); the others are hidden from the optimizer and
-keep their instructions. The dev split is scored
-before and after with the rubric metric (dense pass rate and strict task-solving
-rate); everything is logged as one MLflow run.
+keep their instructions. The dev split is scored before and after with the paper's
+judge (K = 3 votes per requirement by default, `dev_votes`), paired; a held-out `test`
+split scores the untuned and the tuned program once at the end. Every LM call is
+counted per role at the engine (`budget`), against an estimate (`simulate`) and an
+optional cap: at the cap the optimizer stops and the best program it scored on the
+whole dev set so far is kept (`candidates`). Everything is logged as one MLflow run.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -17,14 +21,17 @@ from pathlib import Path
 import dspy
 
 from cg_dspy import tracking
+from cg_dspy.core.files import OutputRefused
 from cg_dspy.evaluation.data import to_example
 from cg_dspy.evaluation.metric import RubricMetric
 from cg_dspy.lms import patches, using
 from cg_dspy.method import build_program
 from cg_dspy.method.specialists import integrated_audits
+from cg_dspy.optimize.budget import BudgetExhausted, Ledger, counted
+from cg_dspy.optimize.candidates import Candidate, Candidates
 from cg_dspy.optimize.recipes import RECIPES, compile_with
 from cg_dspy.reports import analysis, statistics
-from cg_dspy.saved import check_output, save_program
+from cg_dspy.saved import check_output, program_from_state, save_program
 
 # What the logged model's signature is read from: a made-up task, no benchmark data.
 INPUT_EXAMPLE = {"conversation": [{"role": "system", "content": "Answer in exactly one bullet point."},
@@ -34,12 +41,14 @@ INPUT_EXAMPLE = {"conversation": [{"role": "system", "content": "Answer in exact
 # The audit (generic, and each integrated specialist's own, as the default policy runs
 # them) and the revision: the prompts the paper's method turns on.
 DEFAULT_TUNABLE = ("audit", *integrated_audits(), "revise")
+DEV_VOTES = 3  # the paper's K: dev is judged as results are reported
 
 
 @dataclass
 class OptimizeResult:
     """The compiled program, its dev scores before and after (each task's outcome in
-    `per_task`), and the paired change between them (`dev_change`)."""
+    `per_task`), the paired change between them (`dev_change`), the held-out test's
+    paired result, and what the run called (per role) against its estimate."""
 
     program: dspy.Module
     dev_before: dict
@@ -47,6 +56,13 @@ class OptimizeResult:
     settings: dict
     run_id: str | None = None
     judge_calls: int = 0
+    calls: dict = field(default_factory=dict)
+    estimate: dict | None = None
+    capped: bool = False
+    stopped: str | None = None  # why a capped run kept the program it kept
+    test: dict | None = None
+    candidates: list[Candidate] = field(default_factory=list)
+    gepa: dict | None = None  # GEPA's candidates and Pareto front
     extra: dict = field(default_factory=dict)
 
     @property
@@ -61,8 +77,9 @@ class DevFailed(RuntimeError):
 
 
 def evaluate(program, examples, metric: RubricMetric, *, lm, threads: int = 4) -> dict:
-    """Dense rubric pass rate and strict task-solving rate (overall, per category), in %, and
-    how many tasks failed with an error (scored 0 by DSPy, so counted here to be seen)."""
+    """Dense rubric pass rate and strict task-solving rate (overall, per category), in %, with
+    their 95% intervals, each task's outcome, and how many tasks failed with an error
+    (scored 0 by DSPy, so counted here to be seen)."""
     errors: list[str] = []
 
     def answered(**inputs):
@@ -82,11 +99,15 @@ def evaluate(program, examples, metric: RubricMetric, *, lm, threads: int = 4) -
     with using(lm):
         result = dspy.Evaluate(devset=examples, metric=judged, num_threads=threads, display_progress=False,
                                provide_traceback=False, max_errors=len(examples) + 1)(answered)
+    return scores_of({ex.task_id: float(getattr(s, "score", s) or 0.0) for ex, _p, s in result.results},
+                     {ex.task_id: ex.category for ex in examples}, errors)
+
+
+def scores_of(fractions: dict[str, float], categories: dict[str, str], errors: list[str] = ()) -> dict:
+    """Dev scores from each task's pass fraction (a task is solved when it is 1)."""
     per_cat: dict[str, list[bool]] = defaultdict(list)
-    fractions: dict[str, float] = {}
-    for example, _pred, score in result.results:
-        fractions[example.task_id] = float(getattr(score, "score", score) or 0.0)
-        per_cat[example.category].append(fractions[example.task_id] == 1.0)
+    for tid, f in fractions.items():
+        per_cat[categories[tid]].append(f == 1.0)
     solved = {tid: f == 1.0 for tid, f in fractions.items()}
     return {
         **analysis.rate_cell(sum(solved.values()), len(solved)),
@@ -100,16 +121,33 @@ def evaluate(program, examples, metric: RubricMetric, *, lm, threads: int = 4) -
 
 
 def paired_dev(before: dict, after: dict) -> dict:
-    """The tuned program against the untuned one on the same dev tasks: the difference of
+    """The tuned program against the untuned one on the same tasks: the difference of
     task-solving rates with its paired interval and McNemar p, and of rubric pass rates
     with a paired bootstrap interval."""
     common = sorted(set(before["per_task"]) & set(after["per_task"]))
     pairs = [(before["per_task"][t]["solved"], after["per_task"][t]["solved"]) for t in common]
     deltas = [after["per_task"][t]["pass_fraction"] - before["per_task"][t]["pass_fraction"] for t in common]
-    out = {k: v for k, v in analysis.paired_rates(pairs).items()}
+    out = dict(analysis.paired_rates(pairs))
     out.update(delta_rubric_pass_rate=round(100 * sum(deltas) / max(1, len(deltas)), 2),
                delta_rubric_pass_rate_ci95=statistics.bootstrap_mean_ci(deltas))
     return out
+
+
+def check_splits(train, dev, test=None) -> None:
+    """A task in two of train, dev and test is refused, naming it: held-out means held out."""
+    named = {"train": {t.idx for t in train}, "dev": {t.idx for t in dev}, "test": {t.idx for t in test or []}}
+    for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
+        shared = sorted(named[a] & named[b])
+        if shared:
+            more = f" and {len(shared) - 5} more" if len(shared) > 5 else ""
+            raise ValueError(f"the {a} and {b} splits share task(s) {', '.join(shared[:5])}{more}; they must not "
+                             "overlap")
+
+
+def gepa_log_dir(out: str | Path | None) -> Path | None:
+    """Where GEPA keeps its candidates and state: beside the program (`P.json` -> `P.gepa/`),
+    so the same command run again continues, even without DSPy's cache."""
+    return None if out is None else Path(out).with_suffix(".gepa")
 
 
 def optimize(
@@ -133,71 +171,229 @@ def optimize(
     params: dict | None = None,
     force: bool = False,
     inputs: tuple = (),
+    dev_votes: int = DEV_VOTES,
+    test=None,
+    max_calls: int | None = None,
+    estimate: dict | None = None,
+    progress: bool = False,
 ) -> OptimizeResult:
-    """Compile `method` with `optimizer` on `train`, score `dev` before and after."""
+    """Compile `method` with `optimizer` on `train`, score `dev` before and after (and
+    `test` once each at the end), spending at most `max_calls` LM calls."""
     patches.install()
     if optimizer not in RECIPES:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose from {sorted(RECIPES)}")
+    if dev_votes < 1 or dev_votes % 2 == 0:
+        raise ValueError(f"dev votes {dev_votes}: an odd K of at least 1 (an even K can tie)")
+    if max_calls is not None and max_calls < 1:
+        raise ValueError(f"max calls {max_calls}: at least 1")
+    check_splits(train, dev, test)
     if out:
         check_output(out, force=force, inputs=inputs)  # before any LM call
+        log_dir = gepa_log_dir(out)
+        if optimizer == "gepa" and (log_dir.is_symlink() or (log_dir.exists() and not log_dir.is_dir())):
+            raise OutputRefused(f"{log_dir}: GEPA keeps its state there, and it is a link or a file; remove it")
     program = build_program(method, ablate, layout=layout)
     names = [n for n, _ in program.named_predictors()]
     unknown = set(tunable) - set(names)
     if unknown:
         raise ValueError(f"tunable stages {sorted(unknown)} do not exist; the program has {names}")
-    trainset, devset = [to_example(t) for t in train], [to_example(t) for t in dev]
-    metric = RubricMetric(judge_lm)
-    feedback_metric = RubricMetric(judge_lm, feedback=True, memo=metric.memo)
-    recipe, settings = RECIPES[optimizer](
-        feedback_metric if optimizer == "gepa" else metric, budget, threads=threads,
-        reflection_lm=reflection_lm or task_lm, prompt_lm=reflection_lm or task_lm, task_lm=task_lm,
-        train_size=len(trainset),
-    )
-    logged = {"optimizer": optimizer, "budget": budget, "optimizer_settings": settings, "method": method,
+    ledger = Ledger(cap=max_calls, estimate=(estimate or {}).get("calls", {}).get("total"), progress=progress)
+    try:
+        lms = {"task": counted(task_lm, "task", ledger), "judge": counted(judge_lm, "judge", ledger),
+               "reflection": counted(reflection_lm or task_lm, "reflection", ledger)}
+    except ValueError:
+        if max_calls is not None:
+            raise
+        lms = {"task": task_lm, "judge": judge_lm, "reflection": reflection_lm or task_lm}  # not countable
+    run = _Run(optimizer=optimizer, budget=budget, program=program, names=names, tunable=tuple(tunable),
+               train=[to_example(t) for t in train], dev=[to_example(t) for t in dev],
+               test=[to_example(t) for t in test] if test else None, lms=lms, ledger=ledger, threads=threads,
+               dev_votes=dev_votes, log_dir=gepa_log_dir(out) if optimizer == "gepa" else None)
+    logged = {"optimizer": optimizer, "budget": budget, "optimizer_settings": run.settings, "method": method,
               "ablate": list(ablate), "tunable": list(tunable), "program": program.config(),
-              "train_size": len(trainset), "dev_size": len(devset), **(params or {})}
+              "train_size": len(train), "dev_size": len(dev), "test_size": len(test or []), "dev_votes": dev_votes,
+              "max_calls": max_calls, **(params or {})}
 
-    def work(run_id=None) -> OptimizeResult:
-        before = evaluate(program, devset, metric, lm=task_lm, threads=threads)
-        if devset and before["errors"] == len(devset):
-            raise DevFailed(f"every dev task ({len(devset)}) failed before compiling, nothing was tuned; "
-                            f"the first: {before['first_error']}")
-        if hasattr(program, "frozen"):
-            program.frozen = frozenset(set(names) - set(tunable))
-        with using(task_lm):
-            compiled = compile_with(optimizer, recipe, program, trainset, devset)
-        if hasattr(compiled, "frozen"):
-            compiled.frozen = frozenset()  # saved programs hold every stage
-        after = evaluate(compiled, devset, metric, lm=task_lm, threads=threads)
+    def finish(result: OptimizeResult) -> OptimizeResult:
+        result.settings, result.estimate = logged, estimate
         if out:
-            save_program(compiled, out, force=force, inputs=inputs)
-        return OptimizeResult(compiled, before, after, logged, run_id,
-                              metric.judge_calls + feedback_metric.judge_calls)
+            save_program(result.program, out, force=force, inputs=inputs)
+        return result
 
     if not track:
-        return work()
+        return finish(run.work())
     with tracking.run(f"optimize-{optimizer}-{budget}", kind="optimize", params=logged) as active, \
             tracking.autolog(), tracking.tracing(trace, inline=True):
-        for split, tasks in (("train", train), ("dev", dev)):
-            tracking.log_split(split, tasks, source=str((params or {}).get(split) or split))
-        result = work(active.info.run_id)
-        for label, scores in (("dev_before", result.dev_before), ("dev", result.dev_after)):
-            tracking.log_summary(scores, prefix=f"{label}.")
-        before, after, change = result.dev_before, result.dev_after, result.dev_change
-        tracking.log_comparison(change, prefix="dev_change.")
-        message = (f"{optimizer} ({budget}): dev task-solving rate {before['task_solving_rate']} -> "
-                   f"{after['task_solving_rate']} (Δ {change['delta_task_solving_rate']:+.2f} points, 95% CI "
-                   f"{change['delta_task_solving_rate_ci95']}, McNemar p {change['mcnemar_p']:.3g}, "
-                   f"{len(after['per_task'])} tasks), rubric pass rate {before['rubric_pass_rate']} -> "
-                   f"{after['rubric_pass_rate']}")
-        tags = {"optimizer": optimizer, "budget": budget, "dev_before_tsr": before["task_solving_rate"],
-                "dev_tsr": after["task_solving_rate"], "dev_tsr_ci95": json.dumps(after["task_solving_rate_ci95"]),
-                "dev_tasks": len(after["per_task"]), "dev_delta_tsr": change["delta_task_solving_rate"],
-                "dev_delta_tsr_ci95": json.dumps(change["delta_task_solving_rate_ci95"]),
-                "dev_mcnemar_p": change["mcnemar_p"], "dev_before_rubric_pass": before["rubric_pass_rate"],
-                "dev_rubric_pass": after["rubric_pass_rate"]}
-        versions = tracking.register_prompts(result.program, build_program(method, ablate, layout=layout),
-                                             tuned=tuple(tunable), run_id=active.info.run_id, message=message,
-                                             tags=tags, alias=alias)
-        tracking.log_program(result.program, versions=versions, example=INPUT_EXAMPLE)
+        for split, tasks in (("train", train), ("dev", dev), ("test", test or [])):
+            if tasks:
+                tracking.log_split(split, tasks, source=str((params or {}).get(split) or split))
+        run.on_candidate = lambda c: tracking.log_step(active.info.run_id, "candidate.dev_rubric_pass_rate",
+                                                       100 * c.score, c.index)
+        result = finish(run.work())
+        result.run_id = active.info.run_id
+        _log(result, active.info.run_id, optimizer=optimizer, budget=budget, tunable=tunable, alias=alias,
+             base=build_program(method, ablate, layout=layout))
     return result
+
+
+@dataclass
+class _Run:
+    """One optimize run's work, without MLflow: score dev, compile, score dev and test."""
+
+    optimizer: str
+    budget: str
+    program: dspy.Module
+    names: list[str]
+    tunable: tuple[str, ...]
+    train: list
+    dev: list
+    test: list | None
+    lms: dict
+    ledger: Ledger
+    threads: int
+    dev_votes: int
+    log_dir: Path | None
+    on_candidate: object = None
+
+    def __post_init__(self):
+        self.untuned = copy.deepcopy(self.program)  # what the held-out test compares against
+        self.metric = RubricMetric(self.lms["judge"], votes=self.dev_votes)
+        self.feedback_metric = RubricMetric(self.lms["judge"], votes=self.dev_votes, feedback=True,
+                                            memo=self.metric.memo)
+        self.tracker = Candidates(self.program, [ex.task_id for ex in self.dev],
+                                  on_candidate=lambda c: self._heard(c))
+        self.recipe, self.settings = RECIPES[self.optimizer](
+            self.feedback_metric if self.optimizer == "gepa" else self.metric, self.budget, threads=self.threads,
+            reflection_lm=self.lms["reflection"], prompt_lm=self.lms["reflection"], task_lm=self.lms["task"],
+            train_size=len(self.train), log_dir=self.log_dir, callbacks=[self.tracker.gepa_callback(self.dev)])
+
+    def _heard(self, candidate: Candidate) -> None:
+        best = self.tracker.best()
+        self.ledger.best, self.ledger.candidates = (best.score if best else None), len(self.tracker.found)
+        if callable(self.on_candidate):
+            self.on_candidate(candidate)
+
+    def _evaluate(self, program, examples, metric=None) -> dict:
+        return evaluate(program, examples, metric or self.metric, lm=self.lms["task"], threads=self.threads)
+
+    def work(self) -> OptimizeResult:
+        with dspy.context(callbacks=[*(dspy.settings.callbacks or []), self.tracker]):
+            try:
+                before = self._evaluate(self.program, self.dev)
+            except BudgetExhausted:
+                return self._capped(None, "the cap was reached while the untuned program was scored on dev")
+            if self.dev and before["errors"] == len(self.dev):
+                raise DevFailed(f"every dev task ({len(self.dev)}) failed before compiling, nothing was tuned; "
+                                f"the first: {before['first_error']}")
+            if hasattr(self.program, "frozen"):
+                self.program.frozen = frozenset(set(self.names) - set(self.tunable))
+            try:
+                with using(self.lms["task"]):
+                    compiled = compile_with(self.optimizer, self.recipe, self.program, self.train, self.dev)
+                after = self._evaluate(_unfrozen(compiled), self.dev)
+            except BudgetExhausted:
+                return self._capped(before, "the cap was reached while the optimizer ran")
+        result = OptimizeResult(compiled, before, after, {}, judge_calls=self.metric.judge_calls
+                                + self.feedback_metric.judge_calls, candidates=list(self.tracker.found),
+                                gepa=_gepa_summary(compiled))
+        if self.test:
+            result.test = self._test(compiled)
+        result.calls = self.ledger.as_dict()
+        return result
+
+    def _test(self, compiled) -> dict:
+        """Both programs once on the held-out tasks, with the paper's judge (K = 3, strict)."""
+        metric = RubricMetric(self.lms["judge"], votes=DEV_VOTES,
+                              memo=self.metric.memo if self.dev_votes == DEV_VOTES else None)
+        try:
+            before = self._evaluate(_unfrozen(self.untuned), self.test, metric)
+            after = self._evaluate(compiled, self.test, metric)
+        except BudgetExhausted:
+            return {"scored": False, "why": "the cap was reached before the test split was scored"}
+        strip = lambda s: {k: v for k, v in s.items() if k != "per_task"}  # noqa: E731
+        return {"scored": True, "tasks": len(self.test), "before": strip(before), "after": strip(after),
+                "change": paired_dev(before, after)}
+
+    def _capped(self, before: dict | None, why: str) -> OptimizeResult:
+        """The best program scored on the whole dev set so far (the untuned one if none beat
+        it), with the score it was given; nothing more is called."""
+        best = self.tracker.best()
+        categories = {ex.task_id: ex.category for ex in self.dev}
+        if best is None:
+            program, after = _unfrozen(self.program), before
+            kept = "the untuned program (no candidate was scored on the whole dev set)"
+        else:
+            program = program_from_state(best.state, source=f"candidate {best.index}")
+            after = scores_of(best.scores, categories)
+            kept = f"candidate {best.index} ({best.source}), the best scored on the whole dev set"
+        result = OptimizeResult(program, before or after or {}, after or {}, {}, capped=True,
+                                stopped=f"{why}; kept {kept}",
+                                judge_calls=self.metric.judge_calls + self.feedback_metric.judge_calls,
+                                candidates=list(self.tracker.found),
+                                test={"scored": False, "why": "the cap was reached"} if self.test else None)
+        result.calls = self.ledger.as_dict()
+        return result
+
+
+def _unfrozen(program):
+    if hasattr(program, "frozen"):
+        program.frozen = frozenset()  # saved programs hold every stage
+    return program
+
+
+def _gepa_summary(compiled) -> dict | None:
+    """GEPA's candidates (instructions per stage), their dev scores, parents and Pareto front."""
+    details = getattr(compiled, "detailed_results", None)
+    if details is None:
+        return None
+    front = set().union(*details.per_val_instance_best_candidates.values()) \
+        if details.per_val_instance_best_candidates else set()
+    return {"best": details.best_idx, "total_metric_calls": details.total_metric_calls,
+            "candidates": [{"index": i, "dev_score": details.val_aggregate_scores[i], "parents": details.parents[i],
+                            "on_pareto_front": i in front,
+                            "instructions": {n: p.signature.instructions for n, p in c.named_predictors()}}
+                           for i, c in enumerate(details.candidates)]}
+
+
+def _log(result: OptimizeResult, run_id: str, *, optimizer, budget, tunable, alias, base) -> None:
+    """The run's scores, counts, candidates, prompt versions and model."""
+    before, after = result.dev_before, result.dev_after
+    for label, scores in (("dev_before", before), ("dev", after)):
+        if scores:
+            tracking.log_summary(scores, prefix=f"{label}.")
+    tracking.log_metrics({**{f"calls.{k}": v for k, v in result.calls.items()},
+                          **{f"estimate.{k}": v for k, v in ((result.estimate or {}).get("calls") or {}).items()},
+                          "capped": int(result.capped)})
+    if result.gepa:
+        tracking.log_dict(result.gepa, "gepa/candidates.json")
+    change = result.dev_change if before and after else None
+    tags = {"optimizer": optimizer, "budget": budget, "capped": str(result.capped).lower()}
+    message = f"{optimizer} ({budget})" + (" [capped]" if result.capped else "")
+    if change:
+        tracking.log_comparison(change, prefix="dev_change.")
+        message += (f": dev task-solving rate {before['task_solving_rate']} -> {after['task_solving_rate']} "
+                    f"(Δ {change['delta_task_solving_rate']:+.2f} points, 95% CI "
+                    f"{change['delta_task_solving_rate_ci95']}, McNemar p {change['mcnemar_p']:.3g}, "
+                    f"{len(after['per_task'])} tasks), rubric pass rate {before['rubric_pass_rate']} -> "
+                    f"{after['rubric_pass_rate']}")
+        tags.update({"dev_before_tsr": before["task_solving_rate"], "dev_tsr": after["task_solving_rate"],
+                     "dev_tsr_ci95": json.dumps(after["task_solving_rate_ci95"]), "dev_tasks": len(after["per_task"]),
+                     "dev_delta_tsr": change["delta_task_solving_rate"],
+                     "dev_delta_tsr_ci95": json.dumps(change["delta_task_solving_rate_ci95"]),
+                     "dev_mcnemar_p": change["mcnemar_p"], "dev_before_rubric_pass": before["rubric_pass_rate"],
+                     "dev_rubric_pass": after["rubric_pass_rate"]})
+    if result.test and result.test.get("scored"):
+        test = result.test["change"]
+        tracking.log_summary(result.test["before"], prefix="test_before.")
+        tracking.log_summary(result.test["after"], prefix="test.")
+        tracking.log_comparison(test, prefix="test_change.")
+        message += (f"; held-out test {result.test['before']['task_solving_rate']} -> "
+                    f"{result.test['after']['task_solving_rate']} (Δ {test['delta_task_solving_rate']:+.2f}, "
+                    f"95% CI {test['delta_task_solving_rate_ci95']}, McNemar p {test['mcnemar_p']:.3g})")
+        tags.update({"test_tsr": result.test["after"]["task_solving_rate"],
+                     "test_delta_tsr": test["delta_task_solving_rate"],
+                     "test_delta_tsr_ci95": json.dumps(test["delta_task_solving_rate_ci95"]),
+                     "test_mcnemar_p": test["mcnemar_p"], "test_tasks": result.test["tasks"]})
+    versions = tracking.register_prompts(result.program, base, tuned=tuple(tunable), run_id=run_id, message=message,
+                                         tags=tags, alias=alias)
+    tracking.log_program(result.program, versions=versions, example=INPUT_EXAMPLE)

@@ -28,27 +28,32 @@ def mipro(metric, budget: str, *, threads: int, prompt_lm, task_lm, **_):
                         **settings), settings
 
 
-def gepa(metric, budget: str, *, threads: int, reflection_lm, **_):
-    """GEPA: reflective instruction evolution from the metric's textual feedback."""
+def gepa(metric, budget: str, *, threads: int, reflection_lm, log_dir=None, callbacks=(), **_):
+    """GEPA: reflective instruction evolution from the metric's textual feedback. Its
+    `log_dir` keeps every candidate and its state, so a rerun continues where it
+    stopped; `callbacks` see each candidate's dev score as it comes."""
     settings = {"max_full_evals": {"light": 2, "medium": 6, "heavy": 15}[budget], "reflection_minibatch_size": 2,
                 "use_merge": False}
-    return dspy.GEPA(metric=metric, reflection_lm=reflection_lm, num_threads=threads, track_stats=False,
+    return dspy.GEPA(metric=metric, reflection_lm=reflection_lm, num_threads=threads, track_stats=True,
+                     log_dir=str(log_dir) if log_dir else None, gepa_kwargs={"callbacks": list(callbacks)},
                      **settings), settings
 
 
-def simba(metric, budget: str, *, threads: int, train_size: int, **_):
-    """SIMBA: stochastic mini-batch ascent with self-reflective rules and demos."""
+def simba(metric, budget: str, *, threads: int, train_size: int, prompt_lm, **_):
+    """SIMBA: stochastic mini-batch ascent with self-reflective rules and demos. Its rules
+    come from `prompt_lm` (the reflection LM): left unset, SIMBA takes whatever LM is
+    configured globally when it is built, not the run's."""
     settings = {"max_steps": {"light": 2, "medium": 6, "heavy": 12}[budget],
                 "num_candidates": {"light": 3, "medium": 6, "heavy": 8}[budget],
                 "bsize": max(1, min(8, train_size))}
-    return dspy.SIMBA(metric=metric, num_threads=threads, **settings), settings
+    return dspy.SIMBA(metric=metric, num_threads=threads, prompt_model=prompt_lm, **settings), settings
 
 
 RECIPES = {"bootstrap": bootstrap, "mipro": mipro, "gepa": gepa, "simba": simba}
 
 
 def compile_with(name: str, optimizer, student, trainset, devset):
-    """Each optimizer's own compile call."""
-    if name in ("mipro", "gepa"):
+    """Each optimizer's own compile call; those that select among candidates select on dev."""
+    if name in ("mipro", "gepa") or isinstance(optimizer, dspy.BootstrapFewShotWithRandomSearch):
         return optimizer.compile(student, trainset=trainset, valset=devset)
     return optimizer.compile(student, trainset=trainset)

@@ -26,6 +26,8 @@ def _isolated(tmp_path, monkeypatch):
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=True)
     dspy.cache.reset_memory_cache()
     yield
+    # MLflow's DSPy loader configures its model's LM globally; no test inherits another's.
+    dspy.settings.configure(lm=None, adapter=None)
 
 
 @pytest.fixture

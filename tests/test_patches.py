@@ -73,3 +73,32 @@ def test_memoized_model_metadata_answers_as_the_catalog_does_and_hands_out_copie
     if isinstance(first, dict):
         first["mutated"] = True
         assert "mutated" not in patched(provider, model)
+
+
+def test_a_slow_example_is_sent_once_where_unpatched_dspy_sends_it_twice():
+    """DSPy resubmits a straggler after `timeout` seconds; here the threshold is 0.3 s and
+    one example takes 1.2 s, instead of the real 120 s and a reply that takes minutes."""
+    import threading
+    import time
+    from collections import Counter
+
+    from dspy.utils.parallelizer import ParallelExecutor
+
+    def run(executor_init) -> Counter:
+        sent, lock = Counter(), threading.Lock()
+
+        def work(item):
+            with lock:
+                sent[item] += 1
+            time.sleep(1.2 if item == "slow" else 0.01)
+            return item
+
+        executor = ParallelExecutor.__new__(ParallelExecutor)
+        executor_init(executor, num_threads=2, timeout=0.3, straggler_limit=3, disable_progress_bar=True)
+        assert executor.execute(work, ["fast", "slow"]) == ["fast", "slow"]  # the same results either way
+        return sent
+
+    patches.install()
+    init = ParallelExecutor.__init__
+    assert run(init.unpatched)["slow"] == 2  # DSPy's own behaviour: the slow example sent again
+    assert run(init) == {"fast": 1, "slow": 1}  # patched: once

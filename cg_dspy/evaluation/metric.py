@@ -2,10 +2,14 @@
 
 score = fraction of the example's rubrics the judge marks satisfied (dense signal for
 optimizers), or, with `strict`, 1 only when every rubric is satisfied (CL-bench's
-task-solving rule). With `feedback` (GEPA), it returns `dspy.Prediction(score,
+task-solving rule). The judge is the paper's: K votes per requirement (3 by default),
+majority label, early stop. With `feedback` (GEPA), it returns `dspy.Prediction(score,
 feedback)` where the feedback names the failed requirements and says what the stage
-being tuned did. Judge verdicts are memoised per (answer, requirement): re-scoring an
-answer an optimizer has seen before costs no LM call.
+being tuned did: an audit (the generic one or an integrated specialist's) or a checker
+is told which failed requirements it did not flag; the revision is told which
+requirements it repaired and which it broke (the draft is judged too, for that). Judge
+verdicts are memoised per (answer, requirement): re-scoring an answer an optimizer has
+seen before costs no LM call.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from cg_dspy.lms import using
 class RubricMetric:
     """`metric(example, prediction, trace=None, pred_name=None, pred_trace=None)`."""
 
-    def __init__(self, judge_lm, *, votes: int = 1, strict: bool = False, feedback: bool = False,
+    def __init__(self, judge_lm, *, votes: int = 3, strict: bool = False, feedback: bool = False,
                  memo: dict | None = None):
         self.judge_lm = judge_lm
         self.votes = votes
@@ -50,37 +54,51 @@ class RubricMetric:
             self.memo[key] = pred.status
         return pred.status
 
+    def labels(self, answer: str, rubrics: list[str]) -> list[bool]:
+        answer = (answer or "").strip()
+        return [self.status(answer, r) == "yes" if answer else False for r in rubrics]
+
     def __call__(self, example, prediction, trace=None, pred_name=None, pred_trace=None):
-        answer = (getattr(prediction, "answer", None) or "").strip()
         rubrics = list(example.rubrics)
-        labels = [self.status(answer, r) == "yes" if answer else False for r in rubrics]
+        labels = self.labels(getattr(prediction, "answer", None), rubrics)
         passed = sum(labels)
         score = float(passed == len(rubrics)) if self.strict else passed / max(1, len(rubrics))
         if not self.feedback:
             return score
-        failed = [r for r, ok in zip(rubrics, labels) if not ok]
-        return dspy.Prediction(score=score, feedback=explain(failed, prediction, pred_name))
+        stage = (pred_name or "").split(".")[-1]
+        draft = None
+        if stage == "revise" and getattr(prediction, "draft", None) not in (None, getattr(prediction, "answer", None)):
+            draft = self.labels(prediction.draft, rubrics)  # what the revision started from
+        return dspy.Prediction(score=score, feedback=explain(rubrics, labels, prediction, stage, draft))
 
 
-def explain(failed: list[str], prediction, pred_name: str | None) -> str:
+def explain(rubrics: list[str], labels: list[bool], prediction, stage: str, draft: list[bool] | None = None) -> str:
     """Feedback for a reflective optimizer: what failed, and what the tuned stage did."""
-    if not failed:
-        lines = ["Every requirement is satisfied."]
-    else:
-        lines = [f"{len(failed)} requirement(s) failed:"] + [f"- {r}" for r in failed]
+    failed = [r for r, ok in zip(rubrics, labels) if not ok]
+    lines = ["Every requirement is satisfied."] if not failed else \
+        [f"{len(failed)} requirement(s) failed:"] + [f"- {r}" for r in failed]
     path = getattr(prediction, "path", None)
     fix = getattr(prediction, "fix_set", None) or []
     protect = getattr(prediction, "protect_set", None) or []
-    stage = (pred_name or "").split(".")[-1]
-    if stage == "audit" and failed:
+    if (stage == "audit" or stage.startswith("audit_") or stage.endswith("_check")) and failed:
+        who = "The checker" if stage.endswith("_check") else "The audit"
         flagged = " ".join(i.text.lower() for i in fix)
         unflagged = [r for r in failed if not any(w in flagged for w in _keywords(r))]
         if unflagged:
-            lines.append("The audit did not flag these failed requirements in possibly_missed/possibly_wrong:")
+            lines.append(f"{who} did not flag these failed requirements as missing, wrong or violated:")
             lines += [f"- {r}" for r in unflagged]
-        lines.append(f"The audit put {len(fix)} item(s) in the fix set and {len(protect)} in the protection set.")
+        lines.append(f"{who} left {len(fix)} item(s) in the fix set and {len(protect)} in the protection set.")
     elif stage == "revise":
         guard = getattr(prediction, "guard", None)
+        if draft is not None:
+            repaired = [r for r, before, after in zip(rubrics, draft, labels) if after and not before]
+            broken = [r for r, before, after in zip(rubrics, draft, labels) if before and not after]
+            lines.append(f"Repairs (failed in the draft, satisfied after the revision): {len(repaired)}"
+                         + "".join(f"\n- {r}" for r in repaired))
+            lines.append(f"Regressions (satisfied in the draft, broken by the revision): {len(broken)}"
+                         + "".join(f"\n- {r}" for r in broken))
+            if broken:
+                lines.append("Keep what the draft already satisfied: change only what the fix set names.")
         if path == "rolled-back" and guard is not None:
             lines.append("The revision was rolled back by the guard: " + "; ".join(guard.reasons))
         elif path == "revised" and failed:

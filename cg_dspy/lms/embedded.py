@@ -104,7 +104,7 @@ class LlamaCppEngine:
         }
         if cfg.stop:
             kwargs["stop"] = list(cfg.stop)
-        schema = _schema_of(cfg.response_format)
+        schema = schema_of(cfg.response_format)
         if schema is not None:
             kwargs["response_format"] = {"type": "json_object", "schema": self.schema_bounds(schema)}
         elif cfg.response_format:
@@ -153,7 +153,7 @@ def request_messages(request) -> list[dict[str, str]]:
     return messages + [{"role": m.role, "content": m.text or ""} for m in request.messages]
 
 
-def _schema_of(response_format) -> dict | None:
+def schema_of(response_format) -> dict | None:
     if not isinstance(response_format, dict):
         return None
     # lm15 keeps the schema at the top level; OpenAI's wire format nests it.

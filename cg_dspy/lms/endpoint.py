@@ -142,6 +142,8 @@ class EndpointEngine:
             schema = self._schema_bounds(schema)
         extensions = dict(wire.config.extensions or {})
         if mode == "json_schema":
+            if schema is None:  # plain JSON mode asked (a signature with no strict schema): sent as asked
+                return wire
             return replace(wire, config=replace(wire.config, response_format={**fmt, "schema": schema}))
         if mode == "json_object":
             extensions["response_format"] = {"type": "json_object", **({"schema": schema} if schema else {})}

@@ -1,9 +1,11 @@
 """Every change this project makes to DSPy's own code, in one place.
 
-Each patch makes a per-call cost of DSPy 3.4 a per-process one and returns exactly
-what the unpatched call returns (tests/test_patches.py checks each against the
-original). They are installed explicitly by the project's entry points, only for
-the DSPy versions they were written for; remove them once DSPy caches these itself.
+Two patches make a per-call cost of DSPy 3.4 a per-process one and return exactly what
+the unpatched call returns; the third stops DSPy's parallel executor from sending a
+request again while the first may still be generating (tests/test_patches.py checks
+each against the original). They are installed explicitly by the project's entry
+points, only for the DSPy versions they were written for; remove them once DSPy does
+these itself.
 """
 
 from __future__ import annotations
@@ -25,15 +27,15 @@ def applies() -> bool:
 
 def install() -> None:
     """Install every patch once per process (a no-op on other DSPy versions)."""
-    if len(_installed) == 2 or not applies():
+    patches = {"type_adapters": cache_type_adapters, "model_metadata": memoize_model_metadata,
+               "stragglers": no_straggler_resubmission}
+    if len(_installed) == len(patches) or not applies():
         return
     with _lock:
-        if "type_adapters" not in _installed:
-            cache_type_adapters()
-            _installed.add("type_adapters")
-        if "model_metadata" not in _installed:
-            memoize_model_metadata()
-            _installed.add("model_metadata")
+        for name, patch in patches.items():
+            if name not in _installed:
+                patch()
+                _installed.add(name)
 
 
 def cache_type_adapters() -> None:
@@ -88,3 +90,27 @@ def memoize_model_metadata() -> None:
         if getattr(module, "model_info", None) is original:
             module.model_info = model_info
 
+
+
+def no_straggler_resubmission() -> None:
+    """Never send an example again while its first run may still be generating.
+
+    DSPy 3.4's ParallelExecutor (behind `dspy.Evaluate`, `dspy.Parallel` and every
+    optimizer's evaluation) submits the last <= 3 unfinished examples a second time once
+    they have run 120 s (`timeout`, `straggler_limit`). A thinking model on a long
+    CL-bench context takes minutes per reply, so the tail of every evaluation would be
+    paid twice, and a single-slot server would queue the copy behind the original.
+    Results are unchanged (the first finished run of an example is what DSPy keeps);
+    only the second submission goes.
+    """
+    from dspy.utils import parallelizer
+
+    original = parallelizer.ParallelExecutor.__init__
+
+    @functools.wraps(original)
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.timeout = 0  # its straggler check runs only when 0 < timeout
+
+    init.unpatched = original
+    parallelizer.ParallelExecutor.__init__ = init

@@ -17,17 +17,17 @@ Loopback only; stops with the test.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-_KEY_LINE = re.compile(r'^- "(\w+)": (.*)$', re.MULTILINE)
-_JSON_FIELDS = re.compile(r"`(\w+)`")
+from cg_dspy.optimize.plausible import PlausibleModel, default_reply
+
+Realistic = PlausibleModel  # `ChatServer(reply=Realistic(salt))`: replies that cost what a real model's do
+
 
 
 @dataclass
@@ -47,21 +47,6 @@ class Fault:
 PROFILES = ("vllm", "llama-cpp")
 THOUGHTS = ('Let me think. The rules say {"confirmed_correct": []} might be wanted, or {this}; '
             "I should check each requirement before I answer. ")
-
-
-def default_reply(messages: list[dict]) -> str:
-    """A valid answer for whichever stage asked: every requested key of a typed stage
-    (a plain value each), the answer itself for a free-text stage."""
-    text = "\n".join(m.get("content") or "" for m in messages)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
-    answer = f"Answer {digest}: all requirements addressed."
-    if "satisfaction_status" in text:
-        return json.dumps({"reason": "The requirement is addressed.", "satisfaction_status": "yes"})
-    keys = _KEY_LINE.findall(text.split("=====")[-1]) or [
-        (f, "string") for f in _JSON_FIELDS.findall(messages[-1].get("content") or "")]
-    if not keys:
-        return answer
-    return json.dumps({name: [] if shape.startswith("list of") else answer for name, shape in keys})
 
 
 def completion(model: str | None, content: str, usage: dict | None, *, finish_reason: str = "stop",

@@ -72,6 +72,14 @@ def _with_interval(name: str, value, ci) -> dict:
     return out
 
 
+def log_step(run_id: str, key: str, value: float, step: int) -> None:
+    """One step of a metric of a given run, from any thread (optimizers report candidates
+    from their worker threads, where no run is active)."""
+    from mlflow import MlflowClient
+
+    MlflowClient().log_metric(run_id, _metric_name(key), float(value), step=step)
+
+
 def log_summary(summary: dict, prefix: str = "") -> None:
     """TSR and rubric pass rate with their 95% intervals, and per-category TSR, of one
     analysis.run_summary (or optimize's dev scores)."""
@@ -125,6 +133,10 @@ def log_run_summary(summary: dict) -> None:
 
 def log_text(text: str, artifact_file: str) -> None:
     mlflow().log_text(redact(text), artifact_file)
+
+
+def log_dict(value: dict, artifact_file: str) -> None:
+    mlflow().log_dict(redact(value), artifact_file)
 
 
 def log_artifacts(directory: str | Path, artifact_path: str) -> None:
