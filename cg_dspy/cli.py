@@ -710,6 +710,15 @@ ENVIRONMENT = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "MLFLOW_DISABLE_TELEMETRY
                "HF_HUB_DISABLE_TELEMETRY": "1", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
 
 
+def _quiet_logs() -> None:
+    """The command's log filters, once per process (main may run many times in one)."""
+    lm = logging.getLogger("dspy.clients.lm")
+    if not any(isinstance(f, _KnownTruncation) for f in lm.filters):
+        lm.addFilter(_KnownTruncation())
+        for name in ("dspy.utils.parallelizer", "dspy.teleprompt", "dspy.evaluate"):
+            logging.getLogger(name).addFilter(_Shortened())
+
+
 def _terminated(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -719,9 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in ENVIRONMENT.items():
         os.environ.setdefault(name, value)
     patches.install()
-    logging.getLogger("dspy.clients.lm").addFilter(_KnownTruncation())
-    for name in ("dspy.utils.parallelizer", "dspy.teleprompt", "dspy.evaluate"):
-        logging.getLogger(name).addFilter(_Shortened())
+    _quiet_logs()
     previous = None
     if threading.current_thread() is threading.main_thread():  # a SIGTERM ends like Ctrl-C: cleanly, exit 130
         previous = signal.signal(signal.SIGTERM, _terminated)

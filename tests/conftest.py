@@ -1,6 +1,9 @@
+import contextlib
+import io
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,7 +30,7 @@ def _isolated(tmp_path, monkeypatch):
     dspy.cache.reset_memory_cache()
     yield
     # MLflow's DSPy loader configures its model's LM globally; no test inherits another's.
-    dspy.settings.configure(lm=None, adapter=None)
+    dspy.settings.configure(lm=None, adapter=None, callbacks=[])
 
 
 @pytest.fixture
@@ -44,11 +47,44 @@ def shared_file(name: str) -> Path:
     return path
 
 
-def cli(*args, env=None, timeout=180):
-    """`contextguard ARGS` in a subprocess, as a user runs it."""
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "cg_dspy.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)
+@dataclass
+class Completed:
+    """What a command left: its exit status and everything it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(*args, env=None):
+    """`contextguard ARGS` as a user runs it: the command's own `main`, its stdout, stderr
+    and exit status (argparse's exit included), with `env` set for the call. In this
+    process, so the suite pays for imports once; tests that signal, kill or time a
+    command start a real process (`spawn`)."""
+    from cg_dspy.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    before = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return Completed(code, out.getvalue(), err.getvalue())
+
+
+def spawn(*args, env=None):
+    """`contextguard ARGS` as a real process (to signal, kill or watch it)."""
+    return subprocess.Popen([sys.executable, "-m", "cg_dspy.cli", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 with spans named by stage and its verdicts as assessments, honest run pages, and one
 logged model that both MLflow loaders open."""
 
+import functools
 import json
 
 import mlflow
@@ -15,16 +16,40 @@ from cg_dspy.evaluation.store import read_rows
 from cg_dspy.lms import LMSettings
 from cg_dspy.testing.server import ChatServer
 
+# One judge vote: these tests are about the registry, programs and runs, not about voting.
+one_vote_optimize = functools.partial(optimize.optimize, dev_votes=1)
+
+
+@pytest.fixture(scope="module")
+def two_run_store(tmp_path_factory):
+    """One store with two optimize runs, shared by the tests that only read it."""
+    import os
+
+    import dspy
+
+    folder = tmp_path_factory.mktemp("two-runs")
+    here = os.getcwd()
+    os.chdir(folder)  # MLflow's default artifact root is relative to the working directory
+    try:
+        uri = f"sqlite:///{folder}/mlflow.db"
+        tracking.setup(uri, "cg-test")
+        dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=True)
+        lm, _ = scripted_lm(behaviour)
+        train, dev = by_ids("dk-01", "rs-01"), by_ids("dk-03", "rs-03")
+        params = {"task_lm": LMSettings(model="openai/scripted", max_tokens=256).describe(), "train": "train-split",
+                  "dev": "dev-split"}
+        runs = [one_vote_optimize(optimizer=name, train=train, dev=dev, task_lm=lm, judge_lm=lm, reflection_lm=lm,
+                                  budget="light", threads=2, out=folder / f"{name}.json", params=params)
+                for name in ("bootstrap", "gepa")]
+    finally:
+        os.chdir(here)
+    return uri, runs
+
 
 @pytest.fixture
-def two_runs(store, tmp_path):
-    lm, _ = scripted_lm(behaviour)
-    train, dev = by_ids("dk-01", "rs-01"), by_ids("dk-03", "rs-03")
-    params = {"task_lm": LMSettings(model="openai/scripted", max_tokens=256).describe(), "train": "train-split",
-              "dev": "dev-split"}
-    runs = [optimize.optimize(optimizer=name, train=train, dev=dev, task_lm=lm, judge_lm=lm, reflection_lm=lm,
-                              budget="light", threads=2, out=tmp_path / f"{name}.json", params=params)
-            for name in ("bootstrap", "gepa")]
+def two_runs(two_run_store):
+    uri, runs = two_run_store
+    mlflow.set_tracking_uri(uri)
     return runs
 
 
@@ -154,10 +179,10 @@ def test_eval_of_an_untraced_results_file_traces_the_grading(tmp_path):
 def test_an_alias_names_one_runs_whole_program_and_untuned_stages_link_what_the_run_used(store, tmp_path):
     lm, _ = scripted_lm(behaviour)
     train, dev = by_ids("dk-01", "dk-02"), by_ids("dk-03", "dk-04")
-    first = optimize.optimize(optimizer="gepa", train=train, dev=dev, task_lm=lm, judge_lm=lm, reflection_lm=lm,
+    first = one_vote_optimize(optimizer="gepa", train=train, dev=dev, task_lm=lm, judge_lm=lm, reflection_lm=lm,
                               budget="light", threads=2, tunable=("audit", "revise"), alias="best")
     assert first.program.audit.signature.instructions == RULE
-    second = optimize.optimize(optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm,
+    second = one_vote_optimize(optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm,
                                budget="light", threads=2, tunable=("revise",), alias="best",
                                ablate=("protection",))
     state = tracking.load_prompt_state("prompts:/contextguard@best")

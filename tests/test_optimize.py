@@ -1,5 +1,6 @@
 """Compile with real DSPy optimizers (scripted LM), track in a real MLflow store, load back."""
 
+import functools
 import json
 import sqlite3
 
@@ -12,6 +13,9 @@ from cg_dspy.evaluation.data import load_tasks
 from cg_dspy.lms import using
 from cg_dspy.reports import markdown
 from cg_dspy.saved import load_program
+
+# One judge vote: these tests are about the registry, programs and runs, not about voting.
+one_vote_optimize = functools.partial(optimize.optimize, dev_votes=1)
 
 RULE = "NEW-AUDIT-RULE: flag every requirement the answer does not yet meet."
 
@@ -58,7 +62,7 @@ def run_params(run_id):
 def test_bootstrap_compile_logs_run_and_program_loads_from_file_and_mlflow(store, splits, tmp_path):
     lm, engine = scripted_lm(behaviour)
     out = tmp_path / "program.json"
-    result = optimize.optimize(optimizer="bootstrap", train=splits[0], dev=splits[1], task_lm=lm, judge_lm=lm,
+    result = one_vote_optimize(optimizer="bootstrap", train=splits[0], dev=splits[1], task_lm=lm, judge_lm=lm,
                                budget="light", threads=2, out=out, params={"task_lm": {"model": "scripted/test"}})
     compiled = result.program
     assert [len(p.demos) for n, p in compiled.named_predictors() if n == "audit"] == [1]
@@ -103,9 +107,9 @@ def test_bootstrap_compile_logs_run_and_program_loads_from_file_and_mlflow(store
 def test_gepa_finds_the_better_audit_instruction_and_compare_shows_the_diff(store, capsys):
     lm, _ = scripted_lm(behaviour)
     train, dev = by_ids("dk-01", "dk-02"), by_ids("dk-03", "dk-04")  # the generic audit serves these
-    base = optimize.optimize(optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm,
+    base = one_vote_optimize(optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm,
                              budget="light", threads=2)
-    result = optimize.optimize(optimizer="gepa", train=train, dev=dev, task_lm=lm, judge_lm=lm,
+    result = one_vote_optimize(optimizer="gepa", train=train, dev=dev, task_lm=lm, judge_lm=lm,
                                reflection_lm=lm, budget="light", threads=2, alias="best")
     assert result.program.audit.signature.instructions == RULE  # the proposal itself, not its JSON envelope
     assert result.dev_before["task_solving_rate"] == 0.0 and result.dev_after["task_solving_rate"] == 100.0
@@ -151,7 +155,7 @@ def test_gepa_rewrites_the_integrated_rule_fidelity_criteria_and_the_saved_progr
     out = tmp_path / "program.json"
     default = optimize.DEFAULT_TUNABLE
     assert {"audit", "audit_rules", "audit_empirical", "revise"} == set(default)
-    result = optimize.optimize(optimizer="gepa", train=by_ids("rs-01", "rs-02"), dev=by_ids("rs-03"), task_lm=lm,
+    result = one_vote_optimize(optimizer="gepa", train=by_ids("rs-01", "rs-02"), dev=by_ids("rs-03"), task_lm=lm,
                                judge_lm=lm, reflection_lm=lm, budget="light", threads=2, tunable=("audit_rules",),
                                out=out, track=False)
     assert result.program.audit_rules.signature.instructions == RULE  # the rulebook criteria were rewritten
@@ -168,7 +172,7 @@ def test_api_key_never_reaches_the_store(store, splits, tmp_path, monkeypatch):
     secret = "sk-test-5ecret-abcdef123456"
     monkeypatch.setenv("OPENAI_API_KEY", secret)
     lm, _ = scripted_lm(behaviour)
-    optimize.optimize(optimizer="bootstrap", train=splits[0][:2], dev=splits[1][:1], task_lm=lm, judge_lm=lm,
+    one_vote_optimize(optimizer="bootstrap", train=splits[0][:2], dev=splits[1][:1], task_lm=lm, judge_lm=lm,
                       budget="light", threads=1, out=tmp_path / "p.json",
                       params={"task_lm": {"model": "openai/x", "api_key": secret}, "note": f"key={secret}"})
     hits = [p for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]

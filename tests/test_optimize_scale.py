@@ -171,7 +171,7 @@ def test_gepa_reflects_on_audit_rules_with_audit_feedback_and_on_revise_with_its
 def test_a_tracked_gepa_run_shows_each_candidates_dev_score_and_its_candidates(store, tmp_path):
     with ChatServer(reply=Realistic()) as server:
         task, judge = lms(server)
-        result = optimize.optimize(optimizer="gepa", train=TRAIN, dev=DEV, budget="light", task_lm=task,
+        result = optimize.optimize(optimizer="gepa", train=TRAIN, dev=DEV, budget="light", task_lm=task, dev_votes=1,
                                    judge_lm=judge, threads=2, out=tmp_path / "p.json")
     history = mlflow.MlflowClient().get_metric_history(result.run_id, "candidate.dev_rubric_pass_rate")
     assert len(history) == len(result.candidates) >= 2 and [m.step for m in history] == list(range(len(history)))

@@ -60,7 +60,7 @@ def demo_run(llama_server, tmp_path_factory):
     """The demo, run once through the server (the tests below read and grade it)."""
     out = tmp_path_factory.mktemp("real") / "o.jsonl"
     r = cli("run", str(DATA / "demo.jsonl"), "--out", str(out), "--model", "openai/smollm", "--api-base",
-            llama_server, "--max-tokens", str(MAX_TOKENS), "--no-cache", "--quiet", "--no-track", timeout=900)
+            llama_server, "--max-tokens", str(MAX_TOKENS), "--no-cache", "--quiet", "--no-track")
     return out, r
 
 
@@ -94,7 +94,7 @@ def test_the_judge_grades_through_llama_cpp_server_in_both_protocols_and_the_ser
     results.write_text("".join(json.dumps(row) + "\n" for row in rows))
     r = cli("eval", str(results), "--out", str(graded), "--judge-model", "openai/smollm", "--judge-api-base",
             llama_server, "--judge-max-tokens", "200", "--protocol", protocol, "--votes", "1", "--no-cache",
-            "--quiet", "--no-track", timeout=900)
+            "--quiet", "--no-track")
     assert r.returncode == 0, r.stderr
     by_id = {row["idx"]: row for row in read_rows(graded)}
     assert len(by_id) == 4 and not any(row.get("error") for row in by_id.values())

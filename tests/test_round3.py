@@ -6,11 +6,10 @@ Each test names the numbered item of the issue it covers (L: the low-severity li
 run the real CLI against the project's test server and a real MLflow store.
 """
 
+import functools
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from conftest import DATA, cli
+from conftest import DATA, cli, spawn
 from scripted import scripted_lm
 from table14 import table14_rows
 from test_optimize import behaviour, by_ids
@@ -26,6 +25,9 @@ from test_optimize import behaviour, by_ids
 from cg_dspy import optimize
 from cg_dspy.evaluation.store import read_rows
 from cg_dspy.testing.server import ChatServer
+
+# One judge vote: these tests are about the registry, programs and runs, not about voting.
+one_vote_optimize = functools.partial(optimize.optimize, dev_votes=1)
 
 DEMO = DATA / "demo.jsonl"
 
@@ -71,12 +73,6 @@ class Recorder:
     def __exit__(self, *exc):
         self._httpd.shutdown()
         self._httpd.server_close()
-
-
-def spawn(*args, env=None):
-    """`contextguard ARGS` as a running process (to signal it)."""
-    return subprocess.Popen([sys.executable, "-m", "cg_dspy.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
 
 
 def writer_of(pid: int, timeout: float = 60) -> int:
@@ -347,9 +343,9 @@ def test_8_an_alias_set_by_a_second_run_names_only_that_runs_program(store, tmp_
 
     lm, _ = scripted_lm(behaviour)
     train, dev = by_ids("dk-01", "dk-02"), by_ids("dk-03", "dk-04")
-    optimize.optimize(optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm, budget="light",
+    one_vote_optimize(optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm, budget="light",
                       threads=2, alias="best")
-    second = optimize.optimize(optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm, budget="light",
+    second = one_vote_optimize(optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm, budget="light",
                                threads=2, method="baseline", tunable=("generate",), alias="best")
     state = load_prompt_state("prompts:/contextguard@best")
     assert set(state) == {"generate", "cg_dspy"} and state["cg_dspy"]["method"] == "baseline"

@@ -216,12 +216,14 @@ def _encoding():
 
 def token_length(messages) -> int:
     """Tokens (tiktoken cl100k_base) over all message contents, as the paper measures."""
-    enc = _encoding()
-    total = 0
-    for m in messages:
-        content = m["content"] if isinstance(m, dict) else m.content
-        total += len(enc.encode(content, disallowed_special=()))
-    return total
+    return sum(_tokens(m["content"] if isinstance(m, dict) else m.content) for m in messages)
+
+
+@lru_cache(maxsize=8192)
+def _tokens(content: str) -> int:
+    """One text's tokens, counted once: every report, figure and bench run reads the same
+    CL-bench contexts (up to 200K characters) again."""
+    return len(_encoding().encode(content, disallowed_special=()))
 
 
 def length_bin(tokens: int) -> str:
