@@ -17,11 +17,11 @@ from pathlib import Path
 
 from _common import ROOT, finish
 
-from cg_dspy.evaluation import harness
-from cg_dspy.evaluation.data import load_tasks
+from cg_dspy.clbench import generation
+from cg_dspy.clbench.data import load_tasks
+from cg_dspy.core.cost import cost_totals
 from cg_dspy.lms import LMSettings, build_lm
 from cg_dspy.method import build_program, method_names
-from cg_dspy.reports.analysis import cost_totals
 from cg_dspy.testing.server import ChatServer, default_reply
 
 
@@ -42,7 +42,7 @@ def main() -> dict:
     with ChatServer(reply=reply) as server, tempfile.TemporaryDirectory() as tmp:
         lm = build_lm(LMSettings(model="openai/bench-model", api_base=server.base_url, cache=False))
         for method in method_names():
-            out = harness.run(build_program(method), tasks, Path(tmp) / f"{method}.jsonl", lm=lm, method=method,
+            out = generation.run(build_program(method), tasks, Path(tmp) / f"{method}.jsonl", lm=lm, method=method,
                               threads=8, progress=False).rows
             totals = [cost_totals(r["trace"]["cost"].values()) for r in out]
             calls = [t["calls"] for t in totals]

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import dspy  # noqa: E402
 from scripted import scripted_lm  # noqa: E402
 
-from cg_dspy.evaluation.judge import RubricJudge  # noqa: E402
+from cg_dspy.judge.voting import RubricJudge  # noqa: E402
 
 REQUIREMENTS = 600
 

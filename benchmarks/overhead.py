@@ -17,10 +17,10 @@ from pathlib import Path
 import dspy
 from _common import Timer, finish, median, remote_lm, server_process
 
-from cg_dspy.evaluation import harness
-from cg_dspy.evaluation.data import Task, token_length
+from cg_dspy.clbench import generation
+from cg_dspy.clbench.data import Task, token_length
+from cg_dspy.core.cost import cost_totals
 from cg_dspy.method import build_program
-from cg_dspy.reports.analysis import cost_totals
 
 REPEATS = 25
 WORDS = "The council minutes record that the eastern granary holds forty sacks of barley. "
@@ -39,7 +39,7 @@ def task_of(tokens: int, i: int) -> Task:
 def per_call_run(lm, program, task: Task, path: Path) -> float:
     """Seconds per LM call of one task through `run`: stages, parsing, guard, storing."""
     with Timer() as t:
-        rows = harness.run(program, [task], path, lm=lm, method="contextguard", threads=1, progress=False).rows
+        rows = generation.run(program, [task], path, lm=lm, method="contextguard", threads=1, progress=False).rows
         calls = cost_totals(c for r in rows for c in r["trace"]["cost"].values())["calls"]
     return t.seconds / calls
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from _common import ROOT, finish
 
-from cg_dspy.evaluation import harness
-from cg_dspy.evaluation.data import load_tasks
+from cg_dspy.clbench import generation
+from cg_dspy.clbench.data import load_tasks
 from cg_dspy.lms import LMSettings, build_lm
 from cg_dspy.method import LAYOUTS, build_program
 from cg_dspy.testing.server import ChatServer, default_reply
@@ -68,7 +68,7 @@ def reply(messages: list[dict]) -> str:
 def measure(method: str, layout: str, tasks, tmp: Path) -> dict:
     with ChatServer(reply=reply, prefix_cache=True) as server:
         lm = build_lm(LMSettings(model="openai/bench-model", api_base=server.base_url, cache=False))
-        result = harness.run(build_program(method, layout=layout), tasks, tmp / f"{method}-{layout}.jsonl", lm=lm,
+        result = generation.run(build_program(method, layout=layout), tasks, tmp / f"{method}-{layout}.jsonl", lm=lm,
                              method=method, threads=4, progress=False)
         assert not result.outcome.failed, result.outcome.failed
         entries = server.cache.requests
@@ -88,7 +88,7 @@ def embedded(tmp: Path) -> dict:
     out = {}
     for layout in LAYOUTS:
         lm = build_lm(LMSettings(max_tokens=128, cache=False))
-        result = harness.run(build_program("contextguard", layout=layout), tasks, tmp / f"embedded-{layout}.jsonl",
+        result = generation.run(build_program("contextguard", layout=layout), tasks, tmp / f"embedded-{layout}.jsonl",
                              lm=lm, method="contextguard", threads=1, progress=False)
         costs = [c for r in result.rows for c in r["trace"]["cost"].values()]
         prompt, held = sum(c["prompt_tokens"] for c in costs), sum(c["cached_prompt_tokens"] for c in costs)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from scripted import scripted_lm  # noqa: E402
 from test_program import DRAFT, script  # noqa: E402
 
-from cg_dspy.evaluation.data import load_tasks  # noqa: E402
+from cg_dspy.clbench.data import load_tasks  # noqa: E402
 from cg_dspy.lms import using  # noqa: E402
 from cg_dspy.method import LAYOUTS, build_program  # noqa: E402
 from cg_dspy.testing.server import common_prefix, serialized  # noqa: E402

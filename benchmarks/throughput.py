@@ -26,10 +26,10 @@ import dspy
 from _common import ROOT, Timer, finish, remote_lm, server_process
 
 from cg_dspy import tracking
-from cg_dspy.evaluation import harness, judge
-from cg_dspy.evaluation.data import load_tasks
+from cg_dspy.clbench import generation, grading
+from cg_dspy.clbench.data import load_tasks
+from cg_dspy.core.cost import cost_totals
 from cg_dspy.method import build_program
-from cg_dspy.reports.analysis import cost_totals
 
 LATENCY = 0.05
 THREADS = (1, 4, 16, 64)
@@ -74,7 +74,7 @@ def bare_predict(lm, threads: int, calls: int) -> float:
 def harness_run(lm, threads: int, n_tasks: int, path: Path) -> tuple[float, float, list[dict]]:
     tasks = replicated(n_tasks)
     with Timer() as t:
-        rows = harness.run(build_program("contextguard"), tasks, path, lm=lm, method="contextguard",
+        rows = generation.run(build_program("contextguard"), tasks, path, lm=lm, method="contextguard",
                            threads=threads, progress=False).rows
     calls = cost_totals(c for r in rows for c in r["trace"]["cost"].values())["calls"]
     return calls / t.seconds, n_tasks / t.seconds, rows
@@ -82,7 +82,7 @@ def harness_run(lm, threads: int, n_tasks: int, path: Path) -> tuple[float, floa
 
 def harness_eval(lm, threads: int, rows: list[dict], path: Path) -> float:
     with Timer() as t:
-        graded = judge.grade_file(rows, str(path), judge_lm=lm, votes=3, threads=threads, progress=False).rows
+        graded = grading.grade_file(rows, str(path), judge_lm=lm, votes=3, threads=threads, progress=False).rows
     return sum(len(v) for g in graded for v in g["votes"]) / t.seconds
 
 
@@ -96,13 +96,13 @@ def traced(lm, threads: int, n_tasks: int, tmp: Path, r: int) -> tuple[float, fl
     with tracking.run("throughput-run", kind="run", params={}):
         with tracking.tracing():
             start = time.perf_counter()
-            rows = harness.run(build_program("contextguard"), tasks, tmp / f"traced-run-{threads}-{r}.jsonl", lm=lm,
+            rows = generation.run(build_program("contextguard"), tasks, tmp / f"traced-run-{threads}-{r}.jsonl", lm=lm,
                                method="contextguard", threads=threads, progress=False).rows
         run_seconds = time.perf_counter() - start
     with tracking.run("throughput-eval", kind="eval", params={}):
         with tracking.tracing():
             start = time.perf_counter()
-            graded = judge.grade_file(rows, str(tmp / f"traced-graded-{threads}-{r}.jsonl"), judge_lm=lm, votes=3,
+            graded = grading.grade_file(rows, str(tmp / f"traced-graded-{threads}-{r}.jsonl"), judge_lm=lm, votes=3,
                                       threads=threads, progress=False).rows
         eval_seconds = time.perf_counter() - start
     calls = cost_totals(c for row in rows for c in row["trace"]["cost"].values())["calls"]

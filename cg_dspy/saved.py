@@ -23,14 +23,13 @@ from pathlib import Path
 import dspy
 
 from cg_dspy.core import files
-from cg_dspy.method.program import LAYOUTS, MAX_ROUNDS
+from cg_dspy.method.config import ProgramConfig, ProgramRefused
 
 MAX_DEMOS = 32
 MAX_DEMO_CHARS = 2_000_000
 MAX_INSTRUCTION_CHARS = 50_000
 # DSPy writes these with every predictor; empty they are harmless, anything else is refused.
 _EMPTY_AS_SAVED = {"traces": [], "train": [], "lm": None, "fields": {}, "config": {}}
-_CONFIG_KEYS = ("method", "ablate", "max_rounds", "min_length_ratio", "policy", "layout")
 
 
 PROGRAM = files.json_kind("a saved program", lambda v: isinstance(v, dict) and isinstance(v.get("cg_dspy"), dict),
@@ -55,67 +54,6 @@ def save_program(program: dspy.Module, path: str | Path, *, force: bool = False,
         "dependency_versions": get_dependency_versions()}}
     data = (json.dumps(body, indent=2, ensure_ascii=False, default=str) + "\n").encode("utf-8")
     return files.write(check_output(path, force=force, inputs=inputs), data, PROGRAM, force=force, inputs=inputs)
-
-
-class ProgramRefused(ValueError):
-    """A saved program holds something a program must not hold, or is malformed."""
-
-
-def validate_config(config: object, source: str) -> dict:
-    """The `cg_dspy` block, checked: method, ablations, rounds 1-5, thresholds in range."""
-    from cg_dspy.core.messages import CATEGORIES
-    from cg_dspy.method import METHODS, specialists
-    from cg_dspy.method.program import ABLATIONS
-
-    where = f"{source}: cg_dspy"
-    if config is None:
-        return {"method": "contextguard"}
-    if not isinstance(config, dict):
-        raise ProgramRefused(f"{where}: must be an object, not {type(config).__name__}")
-    unknown = sorted(set(config) - set(_CONFIG_KEYS))
-    if unknown:
-        raise ProgramRefused(f"{where}: unknown key(s) {unknown}; a program block holds {list(_CONFIG_KEYS)}")
-    method = config.get("method", "contextguard")
-    if method not in METHODS:
-        raise ProgramRefused(f"{where}.method: {method!r} is not one of {list(METHODS)}")
-    ablate = config.get("ablate") or []
-    if not isinstance(ablate, list) or any(a not in ABLATIONS for a in ablate):
-        raise ProgramRefused(f"{where}.ablate: {ablate!r}; each must be one of {list(ABLATIONS)}")
-    rounds = config.get("max_rounds", 1)
-    if not isinstance(rounds, int) or isinstance(rounds, bool) or not 1 <= rounds <= MAX_ROUNDS:
-        raise ProgramRefused(f"{where}.max_rounds: {rounds!r}; must be a whole number from 1 to {MAX_ROUNDS}")
-    ratio = config.get("min_length_ratio", 0.5)
-    if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0.0 <= ratio <= 1.0:
-        raise ProgramRefused(f"{where}.min_length_ratio: {ratio!r}; must be a number from 0 to 1")
-    layout = config.get("layout", "inline")  # programs saved before layouts were tuned inline
-    if layout not in LAYOUTS:
-        raise ProgramRefused(f"{where}.layout: {layout!r} is not one of {list(LAYOUTS)}")
-    policy = config.get("policy")
-    if policy is not None:
-        kinds, modes = specialists.KINDS, specialists.MODES
-        if not isinstance(policy, dict):
-            raise ProgramRefused(f"{where}.policy: must be an object of category -> [kind, mode]")
-        for category, entry in policy.items():
-            if category not in CATEGORIES or not (isinstance(entry, list) and len(entry) == 2
-                                                  and entry[0] in kinds and entry[1] in modes):
-                raise ProgramRefused(f"{where}.policy[{category!r}]: {entry!r}; categories are {list(CATEGORIES)}, "
-                                     f"entries [kind, mode] with kind in {list(kinds)} and mode in {list(modes)}")
-    return {"method": method, "ablate": ablate, "max_rounds": rounds, "min_length_ratio": float(ratio),
-            "policy": policy, "layout": layout}
-
-
-def build_from_config(config: dict) -> dspy.Module:
-    """A fresh, untuned program from a validated `cg_dspy` block."""
-    from cg_dspy.method import build_program
-    from cg_dspy.method.specialists import SpecialistPolicy
-
-    options = {"min_length_ratio": config.get("min_length_ratio", 0.5)}
-    if config.get("policy"):
-        options["policy"] = {c: SpecialistPolicy(*p) for c, p in config["policy"].items()}
-    if config["method"] != "contextguard":
-        options = {}
-    return build_program(config["method"], tuple(config.get("ablate") or ()), config.get("max_rounds", 1),
-                         layout=config.get("layout", "inline"), **options)
 
 
 def _refuse(message: str, lenient: bool) -> None:
@@ -164,7 +102,7 @@ def program_from_state(state: object, *, source: str = "saved program", lenient:
     """Build the program a saved state describes and apply its instructions and demos."""
     if not isinstance(state, dict):
         raise ProgramRefused(f"{source}: a saved program is a JSON object, not {type(state).__name__}")
-    program = build_from_config(validate_config(state.get("cg_dspy"), source))
+    program = ProgramConfig.load(state.get("cg_dspy"), source).build()
     predictors = dict(program.named_predictors())
     for name, value in state.items():
         if name in ("cg_dspy", "metadata"):

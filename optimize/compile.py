@@ -7,36 +7,31 @@ judge (K = 3 votes per requirement by default, `dev_votes`), paired; a held-out 
 split scores the untuned and the tuned program once at the end. Every LM call is
 counted per role at the engine (`budget`), against an estimate (`simulate`) and an
 optional cap: at the cap the optimizer stops and the best program it scored on the
-whole dev set so far is kept (`candidates`). Everything is logged as one MLflow run.
+whole dev set so far is kept (`candidates`). No MLflow here: `workflows.optimize`
+tracks a run as one MLflow run.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import dspy
 
-from cg_dspy import tracking
+from cg_dspy.clbench.data import to_example
 from cg_dspy.core.files import OutputRefused
-from cg_dspy.evaluation.data import to_example
-from cg_dspy.evaluation.metric import RubricMetric
+from cg_dspy.judge.metric import RubricMetric
 from cg_dspy.lms import patches, using
 from cg_dspy.method import build_program
 from cg_dspy.method.specialists import integrated_audits
 from cg_dspy.optimize.budget import BudgetExhausted, Ledger, counted
 from cg_dspy.optimize.candidates import Candidate, Candidates
 from cg_dspy.optimize.recipes import RECIPES, compile_with
-from cg_dspy.reports import analysis, statistics
+from cg_dspy.reports import statistics
+from cg_dspy.reports.report import Paired, Rate
 from cg_dspy.saved import check_output, program_from_state, save_program
-
-# What the logged model's signature is read from: a made-up task, no benchmark data.
-INPUT_EXAMPLE = {"conversation": [{"role": "system", "content": "Answer in exactly one bullet point."},
-                                  {"role": "user", "content": "Name the planet closest to the sun."}],
-                 "category": "Domain Knowledge Reasoning"}
 
 # The audit (generic, and each integrated specialist's own, as the default policy runs
 # them) and the revision: the prompts the paper's method turns on.
@@ -110,10 +105,10 @@ def scores_of(fractions: dict[str, float], categories: dict[str, str], errors: l
         per_cat[categories[tid]].append(f == 1.0)
     solved = {tid: f == 1.0 for tid, f in fractions.items()}
     return {
-        **analysis.rate_cell(sum(solved.values()), len(solved)),
+        **Rate(len(solved), sum(solved.values())).to_dict(),
         "rubric_pass_rate": round(100 * sum(fractions.values()) / max(1, len(fractions)), 2),
         "rubric_pass_rate_ci95": statistics.bootstrap_mean_ci(list(fractions.values())),
-        "by_category": {c: analysis.rate_cell(sum(v), len(v)) for c, v in per_cat.items()},
+        "by_category": {c: Rate(len(v), sum(v)).to_dict() for c, v in per_cat.items()},
         "errors": len(errors),
         **({"first_error": errors[0][:300]} if errors else {}),
         "per_task": {tid: {"solved": solved[tid], "pass_fraction": round(f, 4)} for tid, f in fractions.items()},
@@ -127,7 +122,7 @@ def paired_dev(before: dict, after: dict) -> dict:
     common = sorted(set(before["per_task"]) & set(after["per_task"]))
     pairs = [(before["per_task"][t]["solved"], after["per_task"][t]["solved"]) for t in common]
     deltas = [after["per_task"][t]["pass_fraction"] - before["per_task"][t]["pass_fraction"] for t in common]
-    out = dict(analysis.paired_rates(pairs))
+    out = Paired.of(pairs).to_dict()
     out.update(delta_rubric_pass_rate=round(100 * sum(deltas) / max(1, len(deltas)), 2),
                delta_rubric_pass_rate_ci95=statistics.bootstrap_mean_ci(deltas))
     return out
@@ -150,7 +145,12 @@ def gepa_log_dir(out: str | Path | None) -> Path | None:
     return None if out is None else Path(out).with_suffix(".gepa")
 
 
-def optimize(
+def optimize(**options) -> OptimizeResult:
+    """Compile and score (see `prepare`), with no MLflow: `workflows.optimize` tracks it."""
+    return prepare(**options).run()
+
+
+def prepare(
     *,
     optimizer: str,
     train,
@@ -165,10 +165,6 @@ def optimize(
     layout: str = "chat",
     threads: int = 4,
     out: str | Path | None = None,
-    track: bool = True,
-    trace: bool = True,
-    alias: str | None = None,
-    params: dict | None = None,
     force: bool = False,
     inputs: tuple = (),
     dev_votes: int = DEV_VOTES,
@@ -176,9 +172,12 @@ def optimize(
     max_calls: int | None = None,
     estimate: dict | None = None,
     progress: bool = False,
-) -> OptimizeResult:
-    """Compile `method` with `optimizer` on `train`, score `dev` before and after (and
-    `test` once each at the end), spending at most `max_calls` LM calls."""
+    params: dict | None = None,
+) -> _Run:
+    """Everything checked before any LM call, and the run ready: compile `method` with
+    `optimizer` on `train`, score `dev` before and after (and `test` once each at the
+    end), spending at most `max_calls` LM calls; its `settings` are what a tracked run
+    logs as params."""
     patches.install()
     if optimizer not in RECIPES:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose from {sorted(RECIPES)}")
@@ -208,32 +207,13 @@ def optimize(
     run = _Run(optimizer=optimizer, budget=budget, program=program, names=names, tunable=tuple(tunable),
                train=[to_example(t) for t in train], dev=[to_example(t) for t in dev],
                test=[to_example(t) for t in test] if test else None, lms=lms, ledger=ledger, threads=threads,
-               dev_votes=dev_votes, log_dir=gepa_log_dir(out) if optimizer == "gepa" else None)
-    logged = {"optimizer": optimizer, "budget": budget, "optimizer_settings": run.settings, "method": method,
-              "ablate": list(ablate), "tunable": list(tunable), "program": program.config(),
-              "train_size": len(train), "dev_size": len(dev), "test_size": len(test or []), "dev_votes": dev_votes,
-              "max_calls": max_calls, **(params or {})}
-
-    def finish(result: OptimizeResult) -> OptimizeResult:
-        result.settings, result.estimate = logged, estimate
-        if out:
-            save_program(result.program, out, force=force, inputs=inputs)
-        return result
-
-    if not track:
-        return finish(run.work())
-    with tracking.run(f"optimize-{optimizer}-{budget}", kind="optimize", params=logged) as active, \
-            tracking.autolog(), tracking.tracing(trace, inline=True):
-        for split, tasks in (("train", train), ("dev", dev), ("test", test or [])):
-            if tasks:
-                tracking.log_split(split, tasks, source=str((params or {}).get(split) or split))
-        run.on_candidate = lambda c: tracking.log_step(active.info.run_id, "candidate.dev_rubric_pass_rate",
-                                                       100 * c.score, c.index)
-        result = finish(run.work())
-        result.run_id = active.info.run_id
-        _log(result, active.info.run_id, optimizer=optimizer, budget=budget, tunable=tunable, alias=alias,
-             base=build_program(method, ablate, layout=layout))
-    return result
+               dev_votes=dev_votes, log_dir=gepa_log_dir(out) if optimizer == "gepa" else None,
+               out=out, force=force, inputs=inputs, estimate=estimate)
+    run.settings = {"optimizer": optimizer, "budget": budget, "optimizer_settings": run.recipe_settings,
+                    "method": method, "ablate": list(ablate), "tunable": list(tunable), "program": program.config(),
+                    "train_size": len(train), "dev_size": len(dev), "test_size": len(test or []),
+                    "dev_votes": dev_votes, "max_calls": max_calls, **(params or {})}
+    return run
 
 
 @dataclass
@@ -253,7 +233,12 @@ class _Run:
     threads: int
     dev_votes: int
     log_dir: Path | None
-    on_candidate: object = None
+    out: str | Path | None = None
+    force: bool = False
+    inputs: tuple = ()
+    estimate: dict | None = None
+    on_candidate: object = None  # callable(Candidate): each program scored on the whole dev set
+    settings: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.untuned = copy.deepcopy(self.program)  # what the held-out test compares against
@@ -262,7 +247,7 @@ class _Run:
                                             memo=self.metric.memo)
         self.tracker = Candidates(self.program, [ex.task_id for ex in self.dev],
                                   on_candidate=lambda c: self._heard(c))
-        self.recipe, self.settings = RECIPES[self.optimizer](
+        self.recipe, self.recipe_settings = RECIPES[self.optimizer](
             self.feedback_metric if self.optimizer == "gepa" else self.metric, self.budget, threads=self.threads,
             reflection_lm=self.lms["reflection"], prompt_lm=self.lms["reflection"], task_lm=self.lms["task"],
             train_size=len(self.train), log_dir=self.log_dir, callbacks=[self.tracker.gepa_callback(self.dev)])
@@ -276,7 +261,15 @@ class _Run:
     def _evaluate(self, program, examples, metric=None) -> dict:
         return evaluate(program, examples, metric or self.metric, lm=self.lms["task"], threads=self.threads)
 
-    def work(self) -> OptimizeResult:
+    def run(self) -> OptimizeResult:
+        """Score dev, compile, score dev (and test); the program saved to `out`."""
+        result = self._work()
+        result.settings, result.estimate = self.settings, self.estimate
+        if self.out:
+            save_program(result.program, self.out, force=self.force, inputs=self.inputs)
+        return result
+
+    def _work(self) -> OptimizeResult:
         with dspy.context(callbacks=[*(dspy.settings.callbacks or []), self.tracker]):
             try:
                 before = self._evaluate(self.program, self.dev)
@@ -353,47 +346,3 @@ def _gepa_summary(compiled) -> dict | None:
                             "on_pareto_front": i in front,
                             "instructions": {n: p.signature.instructions for n, p in c.named_predictors()}}
                            for i, c in enumerate(details.candidates)]}
-
-
-def _log(result: OptimizeResult, run_id: str, *, optimizer, budget, tunable, alias, base) -> None:
-    """The run's scores, counts, candidates, prompt versions and model."""
-    before, after = result.dev_before, result.dev_after
-    for label, scores in (("dev_before", before), ("dev", after)):
-        if scores:
-            tracking.log_summary(scores, prefix=f"{label}.")
-    tracking.log_metrics({**{f"calls.{k}": v for k, v in result.calls.items()},
-                          **{f"estimate.{k}": v for k, v in ((result.estimate or {}).get("calls") or {}).items()},
-                          "capped": int(result.capped)})
-    if result.gepa:
-        tracking.log_dict(result.gepa, "gepa/candidates.json")
-    change = result.dev_change if before and after else None
-    tags = {"optimizer": optimizer, "budget": budget, "capped": str(result.capped).lower()}
-    message = f"{optimizer} ({budget})" + (" [capped]" if result.capped else "")
-    if change:
-        tracking.log_comparison(change, prefix="dev_change.")
-        message += (f": dev task-solving rate {before['task_solving_rate']} -> {after['task_solving_rate']} "
-                    f"(Δ {change['delta_task_solving_rate']:+.2f} points, 95% CI "
-                    f"{change['delta_task_solving_rate_ci95']}, McNemar p {change['mcnemar_p']:.3g}, "
-                    f"{len(after['per_task'])} tasks), rubric pass rate {before['rubric_pass_rate']} -> "
-                    f"{after['rubric_pass_rate']}")
-        tags.update({"dev_before_tsr": before["task_solving_rate"], "dev_tsr": after["task_solving_rate"],
-                     "dev_tsr_ci95": json.dumps(after["task_solving_rate_ci95"]), "dev_tasks": len(after["per_task"]),
-                     "dev_delta_tsr": change["delta_task_solving_rate"],
-                     "dev_delta_tsr_ci95": json.dumps(change["delta_task_solving_rate_ci95"]),
-                     "dev_mcnemar_p": change["mcnemar_p"], "dev_before_rubric_pass": before["rubric_pass_rate"],
-                     "dev_rubric_pass": after["rubric_pass_rate"]})
-    if result.test and result.test.get("scored"):
-        test = result.test["change"]
-        tracking.log_summary(result.test["before"], prefix="test_before.")
-        tracking.log_summary(result.test["after"], prefix="test.")
-        tracking.log_comparison(test, prefix="test_change.")
-        message += (f"; held-out test {result.test['before']['task_solving_rate']} -> "
-                    f"{result.test['after']['task_solving_rate']} (Δ {test['delta_task_solving_rate']:+.2f}, "
-                    f"95% CI {test['delta_task_solving_rate_ci95']}, McNemar p {test['mcnemar_p']:.3g})")
-        tags.update({"test_tsr": result.test["after"]["task_solving_rate"],
-                     "test_delta_tsr": test["delta_task_solving_rate"],
-                     "test_delta_tsr_ci95": json.dumps(test["delta_task_solving_rate_ci95"]),
-                     "test_mcnemar_p": test["mcnemar_p"], "test_tasks": result.test["tasks"]})
-    versions = tracking.register_prompts(result.program, base, tuned=tuple(tunable), run_id=run_id, message=message,
-                                         tags=tags, alias=alias)
-    tracking.log_program(result.program, versions=versions, example=INPUT_EXAMPLE)

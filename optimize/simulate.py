@@ -84,7 +84,7 @@ def simulated_lm(role: str, like, model: PlausibleModel, tokens: Counter, count)
 
 def token_counter():
     """Tokens of a message (cl100k_base), each distinct text counted once."""
-    from cg_dspy.evaluation.data import token_length
+    from cg_dspy.clbench.data import token_length
 
     known: dict[str, int] = {}
     lock = threading.Lock()
@@ -139,7 +139,7 @@ def _play(salt: str, task_lm, judge_lm, reflection_lm, options: dict) -> dict:
     tokens, count, model = Counter(), token_counter(), PlausibleModel(salt)
     like = {"task": task_lm, "judge": judge_lm, "reflection": reflection_lm or task_lm}
     sims = {role: simulated_lm(role, lm, model, tokens, count) for role, lm in like.items()}
-    options = {**options, "out": None, "track": False, "max_calls": None, "progress": False, "estimate": None}
+    options = {**options, "out": None, "max_calls": None, "progress": False, "estimate": None}
     with private_cache():
         result = optimize(task_lm=sims["task"], judge_lm=sims["judge"], reflection_lm=sims["reflection"], **options)
     return {"calls": result.calls, "prompt_tokens": {**dict(tokens), "total": sum(tokens.values())}}

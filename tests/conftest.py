@@ -35,7 +35,7 @@ def _isolated(tmp_path, monkeypatch):
 
 @pytest.fixture
 def tasks():
-    from cg_dspy.evaluation.data import load_tasks
+    from cg_dspy.clbench.data import load_tasks
 
     return {t.idx: t for t in load_tasks(DATA / "tasks.jsonl").tasks}
 
@@ -96,3 +96,22 @@ def store(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tracking.setup(uri, "cg-test")
     return uri
+
+
+def tracked_optimize(uri: str, *, trace: bool = False, **options):
+    """The tracked optimize workflow into the store at `uri` (experiment cg-test), with one
+    judge vote unless `dev_votes` says otherwise and no traces unless `trace`: tests about
+    the registry, programs and runs are not about voting, and DSPy's autolog writes
+    hundreds of traces per compile (one test checks them)."""
+    from cg_dspy.workflows import Tracking
+    from cg_dspy.workflows.optimize import optimize
+
+    return optimize(settings=Tracking(uri=uri, experiment="cg-test", trace=trace), **{"dev_votes": 1, **options})
+
+
+def untracked_optimize(**options):
+    """The compile with no MLflow at all (`cg_dspy.optimize.compile.optimize`), one judge
+    vote unless `dev_votes` says otherwise."""
+    from cg_dspy.optimize.compile import optimize
+
+    return optimize(**{"dev_votes": 1, **options})

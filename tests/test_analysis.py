@@ -3,8 +3,10 @@ import json
 import pytest
 from conftest import shared_file
 
-from cg_dspy.evaluation.data import length_bin
-from cg_dspy.reports import analysis, markdown
+from cg_dspy.clbench.data import length_bin
+from cg_dspy.reports import analysis
+from cg_dspy.reports.render import markdown
+from cg_dspy.reports.runs import runs_by_label
 
 
 def row(idx, cat, sub, status, rubrics=None, votes=None):
@@ -32,7 +34,10 @@ AFTER = [
 
 
 def test_run_summary_matches_hand_counts():
-    s = analysis.run_summary(BEFORE)
+    summary = analysis.run_summary(BEFORE)
+    assert (summary.tasks, summary.rate.solved, summary.task_solving_rate) == (4, 1, 25.0)
+    assert summary.by_category[R].ci95 == [0.0, 65.76]  # a rate knows its interval
+    s = summary.to_dict()
     assert (s["tasks"], s["solved"], s["task_solving_rate"]) == (4, 1, 25.0)
     # Wilson's intervals of 1/2 and 0/2 (scipy's values are checked in test_statistics)
     assert s["by_category"] == {D: {"tasks": 2, "solved": 1, "task_solving_rate": 50.0,
@@ -51,7 +56,9 @@ def test_run_summary_matches_hand_counts():
 
 
 def test_comparison_matches_hand_counts_over_the_tasks_both_runs_hold():
-    c = analysis.compare(BEFORE, AFTER)
+    comparison = analysis.compare(BEFORE, AFTER)
+    assert (comparison.before, comparison.after, comparison.paired.tasks) == ("before", "after", 3)
+    c = comparison.to_dict()
     assert (c["tasks_compared"], c["tasks_only_before"], c["tasks_only_after"]) == (3, 1, 0)
     assert c["migration"]["0"] == {"0": 0, "1": 1, "2-3": 0, "4-8": 0, ">8": 0}
     assert c["migration"]["1"]["0"] == 1
@@ -116,7 +123,8 @@ def test_judge_stability_from_full_k_votes_matches_hand_counts():
     # tasks (all requirements yes per vote): a = [T, F, T], c = [F, F, F]
     assert s["task"] == {"instances": 2, "single_vote_agreement": 66.67, "majority_vote_agreement": 83.33}
     rep = analysis.report({"full": FULL_K})
-    assert rep["judge_stability"] == {"full": s} and "judge_stability_reason" not in rep and s["tasks_left_out"] == 0
+    assert rep.judge_stability == {"full": s} and rep.judge_stability_reason is None and s["tasks_left_out"] == 0
+    assert "judge_stability_reason" not in rep.to_dict()
     assert "### Judge stability: full (K = 3, every vote drawn)" in markdown.to_markdown(rep)
 
 
@@ -125,13 +133,13 @@ def test_early_stopped_votes_give_no_stability_table_and_say_how_to_measure_it()
     assert analysis.judge_stability(early) is None  # the one full-K requirement is a disagreeing one
     assert analysis.judge_stability(BEFORE) is None  # no votes at all
     rep = analysis.report({"early": early})
-    assert rep["judge_stability"] is None
-    assert "early: the votes were not drawn to K" in rep["judge_stability_reason"]
-    assert "contextguard eval --no-early-stop" in rep["judge_stability_reason"]
+    assert rep.judge_stability is None
+    assert "early: the votes were not drawn to K" in rep.judge_stability_reason
+    assert "contextguard eval --no-early-stop" in rep.judge_stability_reason
     md = markdown.to_markdown(rep)
     assert "Judge stability: early" not in md and "votes were not drawn to K" in md
     mixed = analysis.report({"early": early, "full": FULL_K})
-    assert list(mixed["judge_stability"]) == ["full"] and "early:" in mixed["judge_stability_reason"]
+    assert list(mixed.judge_stability) == ["full"] and "early:" in mixed.judge_stability_reason
 
 
 def test_rows_that_claim_full_votes_but_lack_some_are_left_out_and_counted():
@@ -146,13 +154,17 @@ def test_rows_that_claim_full_votes_but_lack_some_are_left_out_and_counted():
     mixed = analysis.judge_stability(FULL_K + five)  # one K per table: K = 5, the K = 3 rows left out
     assert (mixed["votes"], mixed["requirement"]["instances"], mixed["tasks_left_out"]) == (5, 1, 2)
     rep = analysis.report({"run": FULL_K + short})
-    assert "run (1 tasks left out" in rep["judge_stability_reason"]
-    assert "K = 1 has no second vote" in analysis.report({"one": k1})["judge_stability_reason"]
+    assert "run (1 tasks left out" in rep.judge_stability_reason
+    assert "K = 1 has no second vote" in analysis.report({"one": k1}).judge_stability_reason
 
 
 def test_report_has_exactly_the_documented_keys():
-    rep = analysis.report({"before.jsonl": BEFORE, "after.jsonl": AFTER})
-    assert set(rep) == {"runs", "comparison", "rubric_typer", "judge_stability", "judge_stability_reason"}
+    report = analysis.report({"before.jsonl": BEFORE, "after.jsonl": AFTER})
+    rep = report.to_dict()
+    assert set(rep) == {"runs", "comparison", "comparisons", "rubric_typer", "judge_stability",
+                        "judge_stability_reason"}
+    assert rep["comparisons"] == {"before.jsonl -> after.jsonl": rep["comparison"]}  # a pair, by its two names
+    assert report.comparison("before.jsonl", "after.jsonl").paired.tasks == 3
     assert set(rep["runs"]["before.jsonl"]) == {"tasks", "solved", "task_solving_rate", "task_solving_rate_ci95",
                                                 "rubric_pass_rate", "rubric_pass_rate_ci95", "by_category",
                                                 "by_sub_category", "by_length_bin", "near_miss",
@@ -163,7 +175,7 @@ def test_report_has_exactly_the_documented_keys():
                                       "migration", "newly_solved", "broken_solved", "preserved_solved",
                                       "net_solved_gain", "change_rate", "repair_probability", "regression_risk",
                                       "positive_change_precision", "benefit_risk_ratio", "net_requirement_gain"}
-    md = markdown.to_markdown(rep)
+    md = markdown.to_markdown(report)
     assert "| before.jsonl | 4 | 1 | 25.00 |" in md and "## before.jsonl -> after.jsonl: migration" in md
 
 
@@ -188,7 +200,7 @@ def test_official_graded_sample_reports_true_rate(capsys):
 
 
 def test_plots_are_written(tmp_path):
-    from cg_dspy.reports import plots
+    from cg_dspy.reports.render import plots
 
     written = plots.write_all(analysis.report({"before.jsonl": BEFORE, "after.jsonl": AFTER}), tmp_path)
     assert [p.name for p in written] == ["tsr_by_sub_category.png", "tsr_by_length.png", "near_miss.png",
@@ -197,22 +209,22 @@ def test_plots_are_written(tmp_path):
 
 
 def test_two_files_with_one_name_and_one_method_stay_two_runs():
-    runs = analysis.runs_by_label({"m1/graded.jsonl": BEFORE, "m2/graded.jsonl": AFTER})
+    runs = runs_by_label({"m1/graded.jsonl": BEFORE, "m2/graded.jsonl": AFTER})
     assert list(runs) == ["m1/graded.jsonl", "m2/graded.jsonl"]  # rows without a method: named by path
     same = [{**r, "method": "baseline"} for r in BEFORE]
-    runs = analysis.runs_by_label({"m1/graded.jsonl": same, "m2/graded.jsonl": same, "x/other.jsonl": same})
+    runs = runs_by_label({"m1/graded.jsonl": same, "m2/graded.jsonl": same, "x/other.jsonl": same})
     assert list(runs) == ["baseline [m1/graded.jsonl]", "baseline [m2/graded.jsonl]", "baseline [other.jsonl]"]
 
 
 def test_labels_from_files_cannot_break_the_markdown_tables():
     evil = [{**r, "method": "x|y\n# Injected"} for r in BEFORE]
-    md = markdown.to_markdown(analysis.report(analysis.runs_by_label({"a.jsonl": evil})))
+    md = markdown.to_markdown(analysis.report(runs_by_label({"a.jsonl": evil})))
     assert "\n# Injected" not in md and "x\\|y # Injected" in md
 
 
 def test_a_sub_category_name_under_two_categories_is_one_row_per_category():
     rows = [row("u1", D, "unknown", ["yes"]), row("u2", R, "unknown", ["no"]), row("s", D, "Science", ["yes"])]
-    subs = analysis.run_summary(rows)["by_sub_category"]
+    subs = analysis.run_summary(rows).to_dict()["by_sub_category"]
     one, none = [20.65, 100.0], [0.0, 79.35]  # Wilson's 95% intervals of 1/1 and 0/1: wide, never a division by 0
     assert subs == {"Science": {"tasks": 1, "solved": 1, "task_solving_rate": 100.0, "task_solving_rate_ci95": one,
                                 "category": D},

@@ -31,14 +31,72 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
+# A module imports only from its own layer or those before it (testing, the test server,
+# sits outside: nothing in the product imports it). `evaluation` only keeps old paths.
+LAYERS = ("core", "lms", "method", "judge", "clbench", "reports", "tracking", "saved", "optimize", "workflows", "cli",
+          "evaluation")
+
+
+def layer(module: str) -> str | None:
+    """The layer of an imported name: `cg_dspy.X...` and `from cg_dspy import X` alike."""
+    parts = module.split(".")
+    if parts[0] != "cg_dspy" or len(parts) == 1:
+        return None
+    return parts[1]
+
+
+def layer_of_file(path: Path) -> str:
+    relative = path.relative_to(ROOT)
+    if relative.parts[0] == "optimize":
+        return "optimize"
+    return relative.parts[1].removesuffix(".py")
+
+
+def upward(own: str, names: set[str]) -> list[str]:
+    """The imported names from a layer above `own`."""
+    return sorted(n for n in names if (found := layer(n)) in LAYERS and LAYERS.index(found) > LAYERS.index(own))
+
+
+def test_every_module_imports_only_from_its_layer_or_those_below():
+    assert set(LAYERS) | {"testing", "__init__"} == {layer_of_file(p) for p in PACKAGE.rglob("*.py")} | {"optimize"}
+    found = {str(path.relative_to(ROOT)): upward(layer_of_file(path), imports_of(path))
+             for path in [*PACKAGE.rglob("*.py"), *(ROOT / "optimize").glob("*.py")]
+             if layer_of_file(path) not in ("testing", "__init__")}
+    assert {k: v for k, v in found.items() if v} == {}
+    # and the check sees an upward import, whichever way it is written
+    assert upward("method", {"cg_dspy.tracking.runs", "cg_dspy.core.messages"}) == ["cg_dspy.tracking.runs"]
+    assert upward("judge", {"cg_dspy.reports", "cg_dspy.lms"}) == ["cg_dspy.reports"]
+
+
 def test_the_method_never_imports_evaluation_reports_tracking_or_the_test_server():
-    forbidden = ("cg_dspy.evaluation", "cg_dspy.reports", "cg_dspy.tracking", "cg_dspy.testing", "cg_dspy.optimize",
-                 "cg_dspy.saved", "cg_dspy.cli", "mlflow")
+    forbidden = ("cg_dspy.clbench", "cg_dspy.judge", "cg_dspy.evaluation", "cg_dspy.reports", "cg_dspy.tracking",
+                 "cg_dspy.testing", "cg_dspy.optimize", "cg_dspy.saved", "cg_dspy.cli", "cg_dspy.workflows", "mlflow")
     offenders = {str(p.relative_to(ROOT)): sorted(i for i in imports_of(p) if i.startswith(forbidden))
                  for p in (PACKAGE / "method").glob("*.py")}
     assert {k: v for k, v in offenders.items() if v} == {}
     product = [p for p in PACKAGE.rglob("*.py") if "testing" not in p.parts] + list((ROOT / "optimize").glob("*.py"))
     assert [str(p) for p in product if any(i.startswith("cg_dspy.testing") for i in imports_of(p))] == []
+
+
+def test_pyproject_installs_every_package_and_no_module_is_long():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")} | {"cg_dspy.optimize"}
+    assert listed == found
+    long = {str(p.relative_to(ROOT)): n for p in [*PACKAGE.rglob("*.py"), *(ROOT / "optimize").glob("*.py")]
+            if (n := len(p.read_text().splitlines())) > 360}  # "about 350"
+    assert long == {}
+
+
+def test_old_import_paths_still_work():
+    code = ("import cg_dspy.evaluation.data as d, cg_dspy.clbench.data as c; "
+            "from cg_dspy.evaluation.judge import grade_file; from cg_dspy.evaluation.harness import run; "
+            "from cg_dspy.evaluation.rubric_types import LMTyper; from cg_dspy.saved import load_program; "
+            "import cg_dspy.clbench.grading as g, cg_dspy.clbench.generation as h; "
+            "print(d is c, grade_file is g.grade_file, run is h.run, LMTyper.__module__, load_program.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True", "True", "cg_dspy.judge.typer", "cg_dspy.saved"]
 
 
 def test_load_program_and_the_modules_are_at_the_package_top_and_no_generic_optimize_is_installed(tmp_path):

@@ -9,7 +9,7 @@ import time
 import pytest
 from conftest import DATA, cli
 
-from cg_dspy.evaluation.store import read_rows
+from cg_dspy.clbench.store import read_rows
 from cg_dspy.testing.server import ChatServer
 
 

@@ -3,7 +3,7 @@ import json
 import pytest
 from conftest import DATA, shared_file
 
-from cg_dspy.evaluation import data
+from cg_dspy.clbench import data
 from cg_dspy.method.schemas import CATEGORIES
 
 

@@ -4,7 +4,7 @@ import pytest
 from conftest import DATA
 
 from cg_dspy import ContextGuard
-from cg_dspy.evaluation.data import load_tasks
+from cg_dspy.clbench.data import load_tasks
 from cg_dspy.lms import LMSettings, build_lm, find_local_gguf, using
 from cg_dspy.lms.embedded import bound_schema
 from cg_dspy.method.schemas import AuditReport

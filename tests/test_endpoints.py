@@ -10,8 +10,8 @@ import json
 import pytest
 from conftest import DATA, cli
 
-from cg_dspy.evaluation.data import load_tasks
-from cg_dspy.evaluation.store import read_rows
+from cg_dspy.clbench.data import load_tasks
+from cg_dspy.clbench.store import read_rows
 from cg_dspy.lms.replies import split_reasoning
 from cg_dspy.testing.server import ChatServer, default_reply
 

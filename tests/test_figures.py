@@ -10,10 +10,12 @@ from conftest import cli
 from matplotlib.container import BarContainer
 from table14 import TABLE_14, table14_rows
 
-from cg_dspy.evaluation.data import LENGTH_BINS
-from cg_dspy.evaluation.store import OutputRefused
-from cg_dspy.reports import analysis, html, markdown, plots
+from cg_dspy.clbench.data import LENGTH_BINS
+from cg_dspy.clbench.store import OutputRefused
+from cg_dspy.reports import analysis
 from cg_dspy.reports.analysis import NEAR_MISS_BINS, RUBRIC_TYPES
+from cg_dspy.reports.render import html, markdown, plots, readback
+from cg_dspy.reports.runs import runs_by_label
 
 
 @pytest.fixture(autouse=True)
@@ -25,7 +27,7 @@ def _close_figures():
 @pytest.fixture(scope="module")
 def table14():
     before, after = table14_rows()
-    return analysis.report(analysis.runs_by_label({"before.jsonl": before, "after.jsonl": after}))
+    return analysis.report(runs_by_label({"before.jsonl": before, "after.jsonl": after}))
 
 
 def three_methods():
@@ -43,35 +45,35 @@ def three_methods():
 
 
 def test_table14_figures_draw_the_report_numbers_without_overlapping_text(table14):
-    runs = table14["runs"]
+    runs = table14.to_dict()["runs"]  # what the figures must show, as the JSON report says it
     assert list(runs) == ["baseline", "contextguard"]  # named by method, not by file
     assert (runs["baseline"]["task_solving_rate"], runs["contextguard"]["task_solving_rate"]) == (9.64, 13.85)
     figs = plots.figures(table14)
     assert list(figs) == ["tsr_by_sub_category", "tsr_by_length", "near_miss", "rubric_type_failure", "migration"]
     for stem, fig in figs.items():
-        assert plots.overlapping_text(fig) == [], stem
+        assert readback.overlapping_text(fig) == [], stem
     subs = [s for s in sorted(runs["baseline"]["by_sub_category"],
                               key=lambda s: (plots.CATEGORIES.index(runs["baseline"]["by_sub_category"][s]["category"]),
                                              s))]
     assert len(subs) == 18
     for name, run in runs.items():
-        assert plots.drawn(figs["tsr_by_sub_category"])[name] == [run["by_sub_category"][s]["task_solving_rate"]
+        assert readback.drawn(figs["tsr_by_sub_category"])[name] == [run["by_sub_category"][s]["task_solving_rate"]
                                                                   for s in subs]
-        assert plots.drawn(figs["tsr_by_length"])[name] == [run["by_length_bin"][b]["task_solving_rate"]
+        assert readback.drawn(figs["tsr_by_length"])[name] == [run["by_length_bin"][b]["task_solving_rate"]
                                                             for b in LENGTH_BINS]
-        assert plots.drawn(figs["near_miss"])[name] == [run["near_miss"][b] for b in NEAR_MISS_BINS]
-        assert plots.drawn(figs["rubric_type_failure"])[name] == [run["rubric_type_failure"][t]
+        assert readback.drawn(figs["near_miss"])[name] == [run["near_miss"][b] for b in NEAR_MISS_BINS]
+        assert readback.drawn(figs["rubric_type_failure"])[name] == [run["rubric_type_failure"][t]
                                                                   for t in RUBRIC_TYPES]
     # Table 13's counts, as the paper prints them
-    assert plots.drawn(figs["near_miss"])["baseline"] == [183, 243, 567, 700, 206]
-    assert plots.drawn(figs["near_miss"])["contextguard"] == [263, 205, 584, 666, 181]
-    _, matrix = plots.migration_figure(table14, "baseline", "contextguard", table14["comparison"])
+    assert readback.drawn(figs["near_miss"])["baseline"] == [183, 243, 567, 700, 206]
+    assert readback.drawn(figs["near_miss"])["contextguard"] == [263, 205, 584, 666, 181]
+    _, matrix = plots.migration_figure(table14.comparison("baseline", "contextguard"))
     assert matrix == [list(row) for row in TABLE_14.values()]
     # every TSR bar carries its 95% interval as an error bar, read back from the figure
     for name, run in runs.items():
-        assert plots.error_bars(figs["tsr_by_sub_category"])[name] == [
+        assert readback.error_bars(figs["tsr_by_sub_category"])[name] == [
             tuple(run["by_sub_category"][s]["task_solving_rate_ci95"]) for s in subs]
-        assert plots.error_bars(figs["tsr_by_length"])[name] == [
+        assert readback.error_bars(figs["tsr_by_length"])[name] == [
             tuple(run["by_length_bin"][b]["task_solving_rate_ci95"]) for b in LENGTH_BINS]
     # the value axis starts at zero and leaves the widest interval room for its label
     ax = figs["tsr_by_sub_category"].axes[0]
@@ -81,7 +83,7 @@ def test_table14_figures_draw_the_report_numbers_without_overlapping_text(table1
     deltas = [t.get_text() for t in ax.texts if t.get_text().startswith("Δ")]
     assert len(deltas) == len(LENGTH_BINS) and all(t.get_position()[1] < ax.get_ylim()[1] for t in ax.texts)
     # the gain in each bin with its paired interval, as the report's comparison has it
-    gains = table14["comparison"]["by_length_bin"]
+    gains = table14.to_dict()["comparison"]["by_length_bin"]
     assert deltas == [f"Δ {gains[b]['delta_task_solving_rate']:+.1f}\n"
                       f"[{gains[b]['delta_task_solving_rate_ci95'][0]:+.1f}, "
                       f"{gains[b]['delta_task_solving_rate_ci95'][1]:+.1f}]" for b in LENGTH_BINS]
@@ -90,19 +92,19 @@ def test_table14_figures_draw_the_report_numbers_without_overlapping_text(table1
 
 
 def test_three_methods_keep_their_colours_and_labels_in_every_figure():
-    rep = analysis.report(analysis.runs_by_label(three_methods()))
-    assert list(rep["runs"]) == ["baseline", "self-refine", "contextguard"]
+    rep = analysis.report(runs_by_label(three_methods()))
+    assert list(rep.runs) == ["baseline", "self-refine", "contextguard"]
     figs = plots.figures(rep)
     assert "migration" not in figs  # no pair: no migration
     for stem, fig in figs.items():
-        assert plots.overlapping_text(fig) == [], stem
+        assert readback.overlapping_text(fig) == [], stem
         colours = {}
         for container in (c for ax in fig.axes for c in ax.containers if isinstance(c, BarContainer)):
             colours[container.get_label()] = container.patches[0].get_facecolor()
-        assert colours == {n: plots.matplotlib.colors.to_rgba(plots.colour(n)) for n in rep["runs"]}, stem
+        assert colours == {n: plots.matplotlib.colors.to_rgba(plots.colour(n)) for n in rep.runs}, stem
     ax = figs["tsr_by_length"].axes[0]  # the gain written is ContextGuard's over the baseline
     gains = [t.get_text() for t in ax.texts if t.get_text().startswith("Δ")]
-    tsr = {n: [r["by_length_bin"][b]["task_solving_rate"] for b in LENGTH_BINS] for n, r in rep["runs"].items()}
+    tsr = {n: [r.by_length_bin[b].task_solving_rate for b in LENGTH_BINS] for n, r in rep.runs.items()}
     assert gains == [f"Δ {c - b:+.1f}" for b, c in zip(tsr["baseline"], tsr["contextguard"])]
     assert len({plots.colour(n) for n in ("baseline", "self-refine", "contextguard", "contextguard (no guard)",
                                           "contextguard (no protection)", "contextguard (no reminder)")}) == 6
@@ -116,10 +118,10 @@ def test_one_length_bin_still_shows_bars_values_and_the_gain():
             for m in ("baseline", "contextguard") for i in range(5 if m == "baseline" else 6)]
     for r in rows:
         r["score"] = int(all(s == "yes" for s in r["requirement_status"]))
-    rep = analysis.report(analysis.runs_by_label({"a.jsonl": rows[:5], "b.jsonl": rows[5:]}))
+    rep = analysis.report(runs_by_label({"a.jsonl": rows[:5], "b.jsonl": rows[5:]}))
     fig = plots.length_figure(rep)
-    assert plots.drawn(fig) == {"baseline": [60.0], "contextguard": [50.0]}
-    assert "Δ -10.0" in [t.get_text() for t in fig.axes[0].texts] and plots.overlapping_text(fig) == []
+    assert readback.drawn(fig) == {"baseline": [60.0], "contextguard": [50.0]}
+    assert "Δ -10.0" in [t.get_text() for t in fig.axes[0].texts] and readback.overlapping_text(fig) == []
 
 
 def test_html_report_holds_every_table_and_figure_inline(table14, tmp_path):
@@ -159,11 +161,11 @@ def test_runs_that_would_share_a_colour_get_their_own_and_long_labels_stay_insid
              "cg-ablate3-seed1.graded.jsonl": [
                  dict(r, cg_dspy={"generation": {"config": {"ablate": ["audit", "protection", "reminder"]}}})
                  for r in after]}
-    rep = analysis.report(analysis.runs_by_label(files))
-    assert list(rep["runs"]) == ["baseline [a/baseline.graded.jsonl]", "baseline [b/baseline.graded.jsonl]",
+    rep = analysis.report(runs_by_label(files))
+    assert list(rep.runs) == ["baseline [a/baseline.graded.jsonl]", "baseline [b/baseline.graded.jsonl]",
                                  "contextguard (no audit, no protection, no reminder)"]
     for stem, fig in plots.figures(rep).items():
-        assert plots.overlapping_text(fig) == [], stem
+        assert readback.overlapping_text(fig) == [], stem
         faces = [c.patches[0].get_facecolor() for ax in fig.axes for c in ax.containers if isinstance(c, BarContainer)]
         assert len(set(faces)) == len(faces) == 3, stem
     many = plots._colours([f"run{i}.jsonl" for i in range(12)])

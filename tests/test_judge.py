@@ -2,7 +2,8 @@ import dspy
 import pytest
 from scripted import scripted_lm
 
-from cg_dspy.evaluation.judge import RubricJudge, grade_row, majority_decided, majority_label
+from cg_dspy.clbench.grading import grade_row
+from cg_dspy.judge.voting import RubricJudge, majority_decided, majority_label
 
 
 def votes_lm(sequence_by_requirement, cache=False):
@@ -61,8 +62,11 @@ def test_grade_row_rubric_protocol_writes_official_fields(tasks):
     lm, engine = votes_lm({"R-ONE": ["yes", "yes", "yes"], "R-TWO": ["yes", "no", "no"]})
     row = {"idx": "x", "messages": [m.model_dump() for m in task.messages], "model_output": "an answer",
            "rubrics": rubrics, "metadata": task.metadata.model_dump()}
-    graded = grade_row(row, protocol="rubric", judge_lm=lm, votes=3)
+    graded, grade = grade_row(row, protocol="rubric", judge_lm=lm, votes=3)
     assert graded["requirement_status"] == ["yes", "no"] and graded["score"] == 0
+    assert [(v.rubric, v.status, v.votes) for v in grade.verdicts] == [
+        ("R-ONE must hold", "yes", ("yes", "yes")), ("R-TWO must hold", "no", ("yes", "no", "no"))]
+    assert not grade.solved
     assert graded["votes"] == [["yes", "yes"], ["yes", "no", "no"]]
     assert graded["grading_rationale"].startswith("Requirement 1: yes")
 
@@ -70,23 +74,23 @@ def test_grade_row_rubric_protocol_writes_official_fields(tasks):
 def test_joint_protocol_is_one_call_all_or_nothing():
     lm, engine = scripted_lm({"joint": {"grading_rationale": "ok", "requirement_status": ["yes", "yes"]}})
     row = {"idx": "x", "model_output": "an answer", "rubrics": ["a", "b"], "metadata": {}}
-    graded = grade_row(row, protocol="joint", judge_lm=lm)
+    graded, _ = grade_row(row, protocol="joint", judge_lm=lm)
     assert engine.stages() == ["joint"] and graded["score"] == 1 and graded["requirement_status"] == ["yes", "yes"]
     lm, _ = scripted_lm({"joint": {"grading_rationale": "ok", "requirement_status": ["yes"]}})
-    graded = grade_row({**row}, protocol="joint", judge_lm=lm)
+    graded, _ = grade_row({**row}, protocol="joint", judge_lm=lm)
     assert graded["requirement_status"] == ["yes", "no"] and graded["score"] == 0 and "judge_note" in graded
 
 
 def test_failed_generation_is_unsolved_without_judge_calls():
     lm, engine = scripted_lm({})
-    graded = grade_row({"idx": "x", "model_output": "", "rubrics": ["a", "b", "c"], "error": "timeout"},
-                       protocol="rubric", judge_lm=lm)
-    assert engine.calls == [] and graded["requirement_status"] == ["no"] * 3 and graded["score"] == 0
+    graded, grade = grade_row({"idx": "x", "model_output": "", "rubrics": ["a", "b", "c"], "error": "timeout"},
+                              protocol="rubric", judge_lm=lm)
+    assert engine.calls == [] and grade is None and graded["requirement_status"] == ["no"] * 3 and graded["score"] == 0
     assert "timeout" in graded["grading_rationale"]
 
 
 def test_an_unparseable_vote_is_asked_again_and_then_fails_the_grading_not_counts_as_no():
-    from cg_dspy.evaluation.judge import JUDGE_ATTEMPTS, JudgeFailure
+    from cg_dspy.judge.voting import JUDGE_ATTEMPTS, JudgeFailure
 
     replies = iter(["maybe?", "<think>hmm</think> still thinking", '{"reason": "ok", "satisfaction_status": "yes"}'])
     lm, engine = scripted_lm(lambda stage, messages: next(replies), temperature=0.6)

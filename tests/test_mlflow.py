@@ -2,22 +2,19 @@
 with spans named by stage and its verdicts as assessments, honest run pages, and one
 logged model that both MLflow loaders open."""
 
-import functools
 import json
 
 import mlflow
 import pytest
-from conftest import DATA, cli
+from conftest import DATA, cli, tracked_optimize
 from scripted import scripted_lm
 from test_optimize import RULE, behaviour, by_ids
 
-from cg_dspy import ContextGuard, optimize, tracking
-from cg_dspy.evaluation.store import read_rows
+from cg_dspy import ContextGuard, tracking
+from cg_dspy.clbench.store import read_rows
 from cg_dspy.lms import LMSettings
+from cg_dspy.optimize.compile import DEFAULT_TUNABLE
 from cg_dspy.testing.server import ChatServer
-
-# One judge vote: these tests are about the registry, programs and runs, not about voting.
-one_vote_optimize = functools.partial(optimize.optimize, dev_votes=1)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +35,8 @@ def two_run_store(tmp_path_factory):
         train, dev = by_ids("dk-01", "rs-01"), by_ids("dk-03", "rs-03")
         params = {"task_lm": LMSettings(model="openai/scripted", max_tokens=256).describe(), "train": "train-split",
                   "dev": "dev-split"}
-        runs = [one_vote_optimize(optimizer=name, train=train, dev=dev, task_lm=lm, judge_lm=lm, reflection_lm=lm,
-                                  budget="light", threads=2, out=folder / f"{name}.json", params=params)
+        runs = [tracked_optimize(uri, optimizer=name, train=train, dev=dev, task_lm=lm, judge_lm=lm, reflection_lm=lm,
+                                 budget="light", threads=2, out=folder / f"{name}.json", params=params)
                 for name in ("bootstrap", "gepa")]
     finally:
         os.chdir(here)
@@ -63,7 +60,7 @@ def test_two_optimize_runs_leave_versioned_prompts_linked_runs_and_their_splits(
         saved = tracking.load_program_state(f"runs:/{result.run_id}")
         linked = {(p["name"], str(p["version"])) for p in json.loads(run.data.tags["mlflow.linkedPrompts"])}
         assert {name for name, _ in linked} == registered  # the run page lists its prompts
-        for stage in optimize.DEFAULT_TUNABLE:
+        for stage in DEFAULT_TUNABLE:
             mine = [v for v in client.search_prompt_versions(f"contextguard.{stage}")
                     if (v.tags or {}).get("run_id") == result.run_id]
             assert len(mine) == 1 and mine[0].template == saved[stage]["signature"]["instructions"]
@@ -77,7 +74,7 @@ def test_two_optimize_runs_leave_versioned_prompts_linked_runs_and_their_splits(
         assert not any(text[:60] in value for value in run.data.params.values() for text in instructions)
         assert run.data.params["task_lm.max_tokens"] == "256"  # a number, not redacted as a "token"
         assert not any(k.startswith("ContextGuard.") for k in run.data.params)  # no stale program state
-    for stage in optimize.DEFAULT_TUNABLE:
+    for stage in DEFAULT_TUNABLE:
         versions = list(client.search_prompt_versions(f"contextguard.{stage}"))
         assert len(versions) >= 3 and min(int(v.version) for v in versions if v.tags["variant"] == "base") == 1
     assert RULE in {v.template for v in client.search_prompt_versions("contextguard.audit")}
@@ -179,12 +176,12 @@ def test_eval_of_an_untraced_results_file_traces_the_grading(tmp_path):
 def test_an_alias_names_one_runs_whole_program_and_untuned_stages_link_what_the_run_used(store, tmp_path):
     lm, _ = scripted_lm(behaviour)
     train, dev = by_ids("dk-01", "dk-02"), by_ids("dk-03", "dk-04")
-    first = one_vote_optimize(optimizer="gepa", train=train, dev=dev, task_lm=lm, judge_lm=lm, reflection_lm=lm,
-                              budget="light", threads=2, tunable=("audit", "revise"), alias="best")
+    first = tracked_optimize(store, optimizer="gepa", train=train, dev=dev, task_lm=lm, judge_lm=lm, reflection_lm=lm,
+                             budget="light", threads=2, tunable=("audit", "revise"), alias="best")
     assert first.program.audit.signature.instructions == RULE
-    second = one_vote_optimize(optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm,
-                               budget="light", threads=2, tunable=("revise",), alias="best",
-                               ablate=("protection",))
+    second = tracked_optimize(store, optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm,
+                              budget="light", threads=2, tunable=("revise",), alias="best",
+                              ablate=("protection",))
     state = tracking.load_prompt_state("prompts:/contextguard@best")
     assert state["audit"]["signature"]["instructions"] == ContextGuard().audit.signature.instructions  # not RULE
     assert state["revise"]["signature"]["instructions"] == second.program.revise.signature.instructions

@@ -1,21 +1,17 @@
 """Compile with real DSPy optimizers (scripted LM), track in a real MLflow store, load back."""
 
-import functools
 import json
 import sqlite3
 
 import pytest
-from conftest import DATA
+from conftest import DATA, tracked_optimize, untracked_optimize
 from scripted import scripted_lm
 
 from cg_dspy import ContextGuard, optimize
-from cg_dspy.evaluation.data import load_tasks
+from cg_dspy.clbench.data import load_tasks
 from cg_dspy.lms import using
-from cg_dspy.reports import markdown
+from cg_dspy.reports.render import markdown
 from cg_dspy.saved import load_program
-
-# One judge vote: these tests are about the registry, programs and runs, not about voting.
-one_vote_optimize = functools.partial(optimize.optimize, dev_votes=1)
 
 RULE = "NEW-AUDIT-RULE: flag every requirement the answer does not yet meet."
 
@@ -62,8 +58,9 @@ def run_params(run_id):
 def test_bootstrap_compile_logs_run_and_program_loads_from_file_and_mlflow(store, splits, tmp_path):
     lm, engine = scripted_lm(behaviour)
     out = tmp_path / "program.json"
-    result = one_vote_optimize(optimizer="bootstrap", train=splits[0], dev=splits[1], task_lm=lm, judge_lm=lm,
-                               budget="light", threads=2, out=out, params={"task_lm": {"model": "scripted/test"}})
+    result = tracked_optimize(store, optimizer="bootstrap", train=splits[0], dev=splits[1], task_lm=lm, judge_lm=lm,
+                              budget="light", threads=2, out=out, params={"task_lm": {"model": "scripted/test"}},
+                              trace=True)
     compiled = result.program
     assert [len(p.demos) for n, p in compiled.named_predictors() if n == "audit"] == [1]
     assert all(not p.demos for n, p in compiled.named_predictors() if n not in ("audit", "revise"))
@@ -76,6 +73,10 @@ def test_bootstrap_compile_logs_run_and_program_loads_from_file_and_mlflow(store
     assert run.data.metrics["dev.task_solving_rate"] == result.dev_after["task_solving_rate"]
     assert "dev_before.rubric_pass_rate" in run.data.metrics
     import mlflow
+
+    # DSPy's own traces of the program calls the optimizer made, in this run
+    traces = mlflow.search_traces(run_id=result.run_id, return_type="list")
+    assert len(traces) >= len(splits[1]) and all(t.data.spans for t in traces)
 
     files = {a.path for a in mlflow.artifacts.list_artifacts(run_id=result.run_id)}
     assert {"program.json", "prompts"} <= files  # the MLflow model is a LoggedModel, loaded below
@@ -107,10 +108,10 @@ def test_bootstrap_compile_logs_run_and_program_loads_from_file_and_mlflow(store
 def test_gepa_finds_the_better_audit_instruction_and_compare_shows_the_diff(store, capsys):
     lm, _ = scripted_lm(behaviour)
     train, dev = by_ids("dk-01", "dk-02"), by_ids("dk-03", "dk-04")  # the generic audit serves these
-    base = one_vote_optimize(optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm,
-                             budget="light", threads=2)
-    result = one_vote_optimize(optimizer="gepa", train=train, dev=dev, task_lm=lm, judge_lm=lm,
-                               reflection_lm=lm, budget="light", threads=2, alias="best")
+    base = tracked_optimize(store, optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm,
+                            budget="light", threads=2)
+    result = tracked_optimize(store, optimizer="gepa", train=train, dev=dev, task_lm=lm, judge_lm=lm,
+                              reflection_lm=lm, budget="light", threads=2, alias="best")
     assert result.program.audit.signature.instructions == RULE  # the proposal itself, not its JSON envelope
     assert result.dev_before["task_solving_rate"] == 0.0 and result.dev_after["task_solving_rate"] == 100.0
     assert result.program.draft.signature.instructions == base.program.draft.signature.instructions
@@ -155,9 +156,9 @@ def test_gepa_rewrites_the_integrated_rule_fidelity_criteria_and_the_saved_progr
     out = tmp_path / "program.json"
     default = optimize.DEFAULT_TUNABLE
     assert {"audit", "audit_rules", "audit_empirical", "revise"} == set(default)
-    result = one_vote_optimize(optimizer="gepa", train=by_ids("rs-01", "rs-02"), dev=by_ids("rs-03"), task_lm=lm,
-                               judge_lm=lm, reflection_lm=lm, budget="light", threads=2, tunable=("audit_rules",),
-                               out=out, track=False)
+    result = untracked_optimize(optimizer="gepa", train=by_ids("rs-01", "rs-02"), dev=by_ids("rs-03"), task_lm=lm,
+                                judge_lm=lm, reflection_lm=lm, budget="light", threads=2, tunable=("audit_rules",),
+                                out=out)
     assert result.program.audit_rules.signature.instructions == RULE  # the rulebook criteria were rewritten
     assert result.dev_before["task_solving_rate"] == 0.0 and result.dev_after["task_solving_rate"] == 100.0
     saved = json.loads(out.read_text())
@@ -172,13 +173,17 @@ def test_api_key_never_reaches_the_store(store, splits, tmp_path, monkeypatch):
     secret = "sk-test-5ecret-abcdef123456"
     monkeypatch.setenv("OPENAI_API_KEY", secret)
     lm, _ = scripted_lm(behaviour)
-    one_vote_optimize(optimizer="bootstrap", train=splits[0][:2], dev=splits[1][:1], task_lm=lm, judge_lm=lm,
-                      budget="light", threads=1, out=tmp_path / "p.json",
-                      params={"task_lm": {"model": "openai/x", "api_key": secret}, "note": f"key={secret}"})
+    tracked_optimize(store, optimizer="bootstrap", train=splits[0][:2], dev=splits[1][:1], task_lm=lm, judge_lm=lm,
+                     budget="light", threads=1, out=tmp_path / "p.json",
+                     params={"task_lm": {"model": "openai/x", "api_key": secret}, "note": f"key={secret}"})
     hits = [p for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert hits == []
     rows = sqlite3.connect(tmp_path / "mlflow.db").execute("select key, value from params").fetchall()
     assert ("note", "key=***") in rows and not any(k == "task_lm.api_key" and v != "***" for k, v in rows)
+    run_id = sqlite3.connect(tmp_path / "mlflow.db").execute("select run_uuid from runs").fetchone()[0]
+    import mlflow
+
+    assert mlflow.search_traces(run_id=run_id, return_type="list") == []  # tracing off: no autolog traces either
 
 
 @pytest.mark.parametrize("dead", ["task", "judge"])

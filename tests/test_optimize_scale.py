@@ -7,11 +7,10 @@ import json
 
 import mlflow
 import pytest
-from conftest import DATA, cli
+from conftest import DATA, cli, tracked_optimize, untracked_optimize
 from scripted import scripted_lm
 
-from cg_dspy import optimize
-from cg_dspy.evaluation.data import load_tasks
+from cg_dspy.clbench.data import load_tasks
 from cg_dspy.lms import LMSettings, build_lm
 from cg_dspy.optimize import simulate
 from cg_dspy.testing.server import ChatServer, Realistic
@@ -35,7 +34,7 @@ def test_the_estimate_is_within_35_percent_of_what_the_run_sends(optimizer):
                            threads=2)
             estimate = simulate.estimate(**options)
             assert server.requests == []  # the estimate sends nothing
-            result = optimize.optimize(**options, track=False)
+            result = untracked_optimize(**options, dev_votes=3)
             sent = len(server.requests)
         assert result.calls["total"] == sent, (optimizer, budget)  # the count is what the server received
         assert abs(estimate["calls"]["total"] - sent) <= 0.35 * sent, (optimizer, budget, estimate["calls"], sent)
@@ -47,7 +46,7 @@ def test_against_the_model_it_assumes_the_estimate_is_exact():
         task, judge = lms(server)
         options = dict(optimizer="gepa", train=TRAIN, dev=DEV, budget="light", task_lm=task, judge_lm=judge, threads=1)
         estimate = simulate.estimate(**options)
-        optimize.optimize(**options, track=False)
+        untracked_optimize(**options, dev_votes=3)
         assert estimate["calls"]["total"] == len(server.requests)
 
 
@@ -56,8 +55,8 @@ def test_dev_is_judged_with_three_votes_and_the_test_split_scores_each_program_o
     with ChatServer() as server:  # its judge always agrees: early stop decides after 2 votes
         task, judge = lms(server)
         task, judge = task.copy(cache=False), judge.copy(cache=False)
-        result = optimize.optimize(optimizer="bootstrap", train=TRAIN, dev=DEV, test=test, budget="light",
-                                   task_lm=task, judge_lm=judge, threads=2, track=False)
+        result = untracked_optimize(optimizer="bootstrap", train=TRAIN, dev=DEV, test=test, budget="light",
+                                    task_lm=task, judge_lm=judge, threads=2, dev_votes=3)
         judged = [json.dumps(b["messages"]) for b in server.requests if "satisfaction_status" in json.dumps(b)]
         drafts = [b for b in server.requests if "satisfaction_status" not in json.dumps(b)
                   and b["messages"][-1]["content"].startswith(test[0].messages[-1].content[:60])
@@ -158,8 +157,8 @@ def test_gepa_reflects_on_audit_rules_with_audit_feedback_and_on_revise_with_its
     tasks = [t.model_copy(update={"rubrics": [BROKEN, "The response should state the penalty."]})
              for t in RULES_TASKS]
     lm, engine = scripted_lm(reflective)
-    optimize.optimize(optimizer="gepa", train=tasks[:2], dev=tasks[2:], task_lm=lm, judge_lm=lm, reflection_lm=lm,
-                      budget="medium", threads=1, track=False, tunable=("audit_rules", "revise"), dev_votes=1)
+    untracked_optimize(optimizer="gepa", train=tasks[:2], dev=tasks[2:], task_lm=lm, judge_lm=lm, reflection_lm=lm,
+                       budget="medium", threads=1, tunable=("audit_rules", "revise"))
     reflections = [c.messages[-1]["content"].replace("\\n", "\n") for c in engine.calls if c.stage == "propose"]
     audit = [text for text in reflections if "audit_rules" in text or "rule-fidelity" in text or "rulebook" in text]
     revise = [text for text in reflections if "Regressions" in text]
@@ -171,8 +170,8 @@ def test_gepa_reflects_on_audit_rules_with_audit_feedback_and_on_revise_with_its
 def test_a_tracked_gepa_run_shows_each_candidates_dev_score_and_its_candidates(store, tmp_path):
     with ChatServer(reply=Realistic()) as server:
         task, judge = lms(server)
-        result = optimize.optimize(optimizer="gepa", train=TRAIN, dev=DEV, budget="light", task_lm=task, dev_votes=1,
-                                   judge_lm=judge, threads=2, out=tmp_path / "p.json")
+        result = tracked_optimize(store, optimizer="gepa", train=TRAIN, dev=DEV, budget="light", task_lm=task,
+                                  judge_lm=judge, threads=2, out=tmp_path / "p.json")
     history = mlflow.MlflowClient().get_metric_history(result.run_id, "candidate.dev_rubric_pass_rate")
     assert len(history) == len(result.candidates) >= 2 and [m.step for m in history] == list(range(len(history)))
     assert [round(m.value, 6) for m in history] == [round(100 * c.score, 6) for c in result.candidates]

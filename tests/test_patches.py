@@ -18,7 +18,7 @@ from cg_dspy.method.signatures import StructuredAudit
 
 def test_importing_the_package_patches_nothing_and_sets_no_environment():
     code = ("import os, dspy; before = dict(os.environ); t = dspy.adapters.utils.TypeAdapter; "
-            "import cg_dspy, cg_dspy.evaluation.harness, cg_dspy.reports.analysis; "
+            "import cg_dspy, cg_dspy.clbench.generation, cg_dspy.reports.analysis; "
             "print(dspy.adapters.utils.TypeAdapter is t, dict(os.environ) == before)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.split() == ["True", "True"]

@@ -257,7 +257,7 @@ def test_findings_listed_as_plain_strings_are_findings_not_a_failed_stage(proc_t
 def test_each_stage_span_carries_its_own_call_not_the_running_total(proc_task):
     from contextlib import contextmanager
 
-    from cg_dspy.method.stages import observing
+    from cg_dspy.core.observe import observing
 
     seen = []
 
@@ -271,13 +271,17 @@ def test_each_stage_span_carries_its_own_call_not_the_running_total(proc_task):
         def set(self, outputs=None, **attributes):
             self.attributes.update(attributes, outputs=outputs)
 
-    @contextmanager
-    def observer(name, attributes):
-        yield Seen(name)
+    class Observer:
+        @contextmanager
+        def span(self, name, attributes):
+            yield Seen(name)
+
+        def graded(self, task):
+            pass
 
     audits = iter([FAULTY_AUDIT, CLEAN_AUDIT])
     replies = script()
-    with observing(observer):
+    with observing(Observer()):
         run(ContextGuard(max_rounds=2), proc_task,
             lambda stage, messages: next(audits) if stage == "audit" else replies[stage])
     audit_spans = [s for s in seen if s.name == "audit"]

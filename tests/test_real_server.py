@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from conftest import DATA, cli
 
-from cg_dspy.evaluation.store import read_rows
+from cg_dspy.clbench.store import read_rows
 
 MAX_TOKENS = 256
 

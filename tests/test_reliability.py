@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import DATA, cli
 
-from cg_dspy.evaluation.store import read_rows
+from cg_dspy.clbench.store import read_rows
 from cg_dspy.method.program import ContextGuard
 from cg_dspy.testing.server import ChatServer
 
@@ -371,7 +371,7 @@ def test_12_keys_echoed_by_a_server_are_scrubbed_from_rows_and_stderr(tmp_path, 
 
 
 def test_12_scrub_takes_keys_out_of_text_and_secret_names_out_of_settings():
-    from cg_dspy.redact import redact, scrub
+    from cg_dspy.core.redact import redact, scrub
 
     assert scrub("Authorization: Bearer abcdef123456, then Bearer zzzzzz999 and api_key=hunter2hunter", []) == \
         "Authorization: Bearer ***, then Bearer *** and api_key=***"

@@ -6,7 +6,6 @@ Each test names the numbered item of the issue it covers (L: the low-severity li
 run the real CLI against the project's test server and a real MLflow store.
 """
 
-import functools
 import json
 import os
 import signal
@@ -17,17 +16,13 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from conftest import DATA, cli, spawn
+from conftest import DATA, cli, spawn, tracked_optimize
 from scripted import scripted_lm
 from table14 import table14_rows
 from test_optimize import behaviour, by_ids
 
-from cg_dspy import optimize
-from cg_dspy.evaluation.store import read_rows
+from cg_dspy.clbench.store import read_rows
 from cg_dspy.testing.server import ChatServer
-
-# One judge vote: these tests are about the registry, programs and runs, not about voting.
-one_vote_optimize = functools.partial(optimize.optimize, dev_votes=1)
 
 DEMO = DATA / "demo.jsonl"
 
@@ -343,10 +338,10 @@ def test_8_an_alias_set_by_a_second_run_names_only_that_runs_program(store, tmp_
 
     lm, _ = scripted_lm(behaviour)
     train, dev = by_ids("dk-01", "dk-02"), by_ids("dk-03", "dk-04")
-    one_vote_optimize(optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm, budget="light",
-                      threads=2, alias="best")
-    second = one_vote_optimize(optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm, budget="light",
-                               threads=2, method="baseline", tunable=("generate",), alias="best")
+    tracked_optimize(store, optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm, budget="light",
+                     threads=2, alias="best")
+    second = tracked_optimize(store, optimizer="bootstrap", train=train, dev=dev, task_lm=lm, judge_lm=lm,
+                              budget="light", threads=2, method="baseline", tunable=("generate",), alias="best")
     state = load_prompt_state("prompts:/contextguard@best")
     assert set(state) == {"generate", "cg_dspy"} and state["cg_dspy"]["method"] == "baseline"
     assert type(load_program("prompts:/contextguard@best")).__name__ == "Baseline"
@@ -373,7 +368,8 @@ def test_9_dollar_signs_in_categories_are_drawn_as_text(tmp_path):
     r = cli("report", *map(str, files), "--plots", str(tmp_path / "figs"), "--html", str(tmp_path / "r.html"),
             "--format", "json")
     assert r.returncode == 0, r.stderr
-    from cg_dspy.reports import analysis, plots
+    from cg_dspy.reports import analysis
+    from cg_dspy.reports.render import plots
 
     report = analysis.report({"b": before, "a": after})
     fig = plots.subcategory_figure(report)

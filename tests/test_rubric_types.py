@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import cli, shared_file
 
-from cg_dspy.evaluation.rubric_types import cache_path
+from cg_dspy.judge.typer import cache_path
 from cg_dspy.reports import analysis
 from cg_dspy.testing.server import ChatServer
 
@@ -74,7 +74,7 @@ def test_lm_typer_types_each_unique_rubric_once_and_a_rerun_makes_no_call(tmp_pa
 
 
 def test_a_cache_that_cannot_be_written_leaves_the_types_and_says_so(tmp_path):
-    from cg_dspy.evaluation.rubric_types import LMTyper
+    from cg_dspy.judge.typer import LMTyper
     from cg_dspy.lms import LMSettings, build_lm
 
     graded = tmp_path / "g.jsonl"
@@ -83,7 +83,7 @@ def test_a_cache_that_cannot_be_written_leaves_the_types_and_says_so(tmp_path):
     with ChatServer(reply=lambda messages: json.dumps({"requirement_type": "format/lexical"})) as server:
         typer = LMTyper(build_lm(LMSettings(model="openai/typer", api_base=server.base_url, cache=False,
                                             num_retries=0)), threads=2)
-        typer.type_files({str(graded): [json.loads(x) for x in graded.read_text().splitlines()]})
+        typer.type_files({str(graded): [r for x in graded.read_text().splitlines() for r in json.loads(x)["rubrics"]]})
     assert len(typer.types) == 67 and typer("The response should be between 50 and 100 words long.") == \
         "format/lexical"
     assert len(typer.unsaved) == 1 and str(cache_path(graded)) in typer.unsaved[0]

@@ -13,7 +13,7 @@ from conftest import DATA, cli
 from scipy import stats
 from table14 import table14_rows
 
-from cg_dspy.evaluation.store import read_rows
+from cg_dspy.clbench.store import read_rows
 from cg_dspy.reports import statistics
 from cg_dspy.testing.server import ChatServer
 

@@ -22,7 +22,9 @@ class Baseline(SavesConfig, dspy.Module):
         self.generate = dspy.Predict(Generate)
 
     def config(self) -> dict:
-        return {"method": "baseline"}
+        from cg_dspy.method.config import ProgramConfig
+
+        return ProgramConfig("baseline").dump()
 
     def forward(self, conversation, category: str | None = None, draft: str | None = None) -> dspy.Prediction:
         stages = Stages()
@@ -44,7 +46,9 @@ class SelfRefine(SavesConfig, dspy.Module):
         self.refine = dspy.Predict(SelfRefineRevision)
 
     def config(self) -> dict:
-        return {"method": "self-refine", "layout": self.layout}
+        from cg_dspy.method.config import ProgramConfig
+
+        return ProgramConfig("self-refine", layout=self.layout).dump()
 
     def forward(self, conversation, category: str | None = None, draft: str | None = None) -> dspy.Prediction:
         conversation = as_conversation(conversation)

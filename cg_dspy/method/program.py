@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import dspy
 
 from cg_dspy.core.messages import Message
+from cg_dspy.core.observe import span
 from cg_dspy.lms.adapter import stage_messages
 from cg_dspy.method import specialists
 from cg_dspy.method.guard import MIN_LENGTH_RATIO, revision_guard
@@ -26,7 +27,7 @@ from cg_dspy.method.plan import build_plan, render_items
 from cg_dspy.method.schemas import AuditReport, GuardVerdict, RevisionPlan, SpecialistReport
 from cg_dspy.method.signatures import Generate, ProtectedRevision, ReminderDraft, StructuredAudit
 from cg_dspy.method.specialists import SPECIALISTS, SpecialistPolicy
-from cg_dspy.method.stages import StageFailure, Stages, span
+from cg_dspy.method.stages import StageFailure, Stages
 
 ABLATIONS = ("reminder", "audit", "protection", "specialists", "guard")
 # chat: every stage after the draft continues the draft's chat (the answer as the
@@ -152,10 +153,11 @@ class ContextGuard(SavesConfig, dspy.Module):
         return component not in self.ablate
 
     def config(self) -> dict:
-        """What rebuilds this program before its saved state is loaded."""
-        policy = {c: [p.kind, p.mode] for c, p in self.policy.items()} if self.policy else None
-        return {"method": "contextguard", "ablate": list(self.ablate), "max_rounds": self.max_rounds,
-                "min_length_ratio": self.min_length_ratio, "policy": policy, "layout": self.layout}
+        """What rebuilds this program before its saved state is loaded (method.config)."""
+        from cg_dspy.method.config import ProgramConfig
+
+        return ProgramConfig("contextguard", self.ablate, self.max_rounds, self.min_length_ratio, self.policy,
+                             self.layout).dump()
 
     # Optimizers tune what named_parameters() lists; `frozen` hides stages from them.
     frozen: frozenset[str] = frozenset()

@@ -15,12 +15,6 @@ from cg_dspy.core.messages import CATEGORIES, Category, Message  # noqa: F401 - 
 
 IssueType = Literal["numeric", "comparison", "coverage", "unit", "trend", "evidence"]
 
-# What a stage's cost entry counts: LM calls, answers DSPy's cache served, tokens the
-# server reported (and the prompt tokens its prefix cache already held, so it did not
-# prefill them), replies cut at max_tokens, and the reasoning that came with them.
-COST_KEYS = ("calls", "cached", "prompt_tokens", "cached_prompt_tokens", "completion_tokens", "truncated",
-             "reasoning_chars", "reasoning_tokens")
-
 # Hard bounds on what any LM's audit or checker output can hold, so a model that loops
 # hits a limit; the schema each LM is asked for is tighter (LMSettings.item_limits).
 MAX_ITEMS = 48  # items kept per quadrant / per specialist list

@@ -18,8 +18,9 @@ import pydantic
 from dspy.utils.exceptions import AdapterParseError
 from dspy.utils.usage_tracker import UsageTracker
 
+from cg_dspy.core.cost import COST_KEYS
+from cg_dspy.core.observe import UNWATCHED, span
 from cg_dspy.lms import replies
-from cg_dspy.method.schemas import COST_KEYS
 
 PARSE_ATTEMPTS = 2  # a stage's output that does not parse is asked for once more
 RETRY_ROLLOUTS = 1000  # rollout ids a repeat's retries may use
@@ -28,52 +29,6 @@ RETRY_TEMPERATURE = 0.3
 
 class StageFailure(Exception):
     """A stage produced output that could not be used; the reason is recorded."""
-
-
-# --- spans: who watches the stages (tracing), without the method knowing who it is ----
-
-
-class _Unwatched:
-    """The span when nothing watches: every call is a no-op."""
-
-    trace_ref = None  # where the task's trace is, for whoever reads the row later
-
-    def set(self, **attributes) -> None:
-        pass
-
-
-_UNWATCHED = _Unwatched()
-_observer = None  # callable(name, attributes) -> context manager yielding a span with .set(**attrs)
-_annotator = None  # callable(graded_row, judge) -> None: a task's verdicts onto its trace
-
-
-@contextmanager
-def observing(observer, annotator=None) -> Iterator[None]:
-    """Let `observer` open a span around every stage (and each task) in this block, and
-    `annotator` take each graded task's verdicts."""
-    global _observer, _annotator
-    previous = _observer, _annotator
-    _observer, _annotator = observer, annotator
-    try:
-        yield
-    finally:
-        _observer, _annotator = previous
-
-
-@contextmanager
-def span(name: str, **attributes):
-    """A span named `name` when something observes the stages, else nothing."""
-    if _observer is None:
-        yield _UNWATCHED
-        return
-    with _observer(name, attributes) as opened:
-        yield opened
-
-
-def annotate(graded: dict, *, judge: str) -> None:
-    """Hand a graded task to whoever watches, for its trace (else nothing)."""
-    if _annotator is not None:
-        _annotator(graded, judge)
 
 
 class Stages:
@@ -95,7 +50,7 @@ class Stages:
             finally:  # this call's own cost and failures (a stage may run once per round)
                 watched.set(**{k: v - before[k] for k, v in self.cost[name].items()},
                             failures=self.failures[failed:],
-                            outputs=None if out is None or watched is _UNWATCHED else shown(out))
+                            outputs=None if out is None or watched is UNWATCHED else shown(out))
 
     def _attempts(self, name: str, predictor, inputs: dict):
         for attempt in range(PARSE_ATTEMPTS):
@@ -139,15 +94,6 @@ def shown(prediction) -> dict:
     (the audit's quadrants, a checker's report, the revised answer)."""
     return {k: [i.model_dump() if isinstance(i, pydantic.BaseModel) else i for i in v] if isinstance(v, list)
             else v.model_dump() if isinstance(v, pydantic.BaseModel) else v for k, v in prediction.items()}
-
-
-def cost_totals(stage_costs) -> dict[str, int]:
-    """Every per-stage cost entry ({"calls", "cached", tokens, "truncated", ...}) summed."""
-    totals = dict.fromkeys(COST_KEYS, 0)
-    for c in stage_costs:
-        for key in totals:
-            totals[key] += c.get(key, 0) or 0
-    return totals
 
 
 def retry_config(attempt: int) -> dict:

@@ -12,23 +12,17 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
 from itertools import combinations
-from pathlib import Path
 
-from cg_dspy.evaluation.data import LENGTH_BINS, length_bin, token_length
-from cg_dspy.evaluation.rows import GradedRow, graded_rows
-from cg_dspy.method.stages import cost_totals
+from cg_dspy.clbench.data import LENGTH_BINS, length_bin, token_length
+from cg_dspy.clbench.rows import GradedRow, graded_rows
+from cg_dspy.core.cost import cost_totals
+from cg_dspy.judge.signatures import RUBRIC_TYPES
 from cg_dspy.reports import statistics
+from cg_dspy.reports.report import Comparison, Paired, Rate, Repeats, Report, RunSummary, pct
+from cg_dspy.reports.runs import label_files
 
 NEAR_MISS_BINS = ("0", "1", "2-3", "4-8", ">8")
-RUBRIC_TYPES = (
-    "format/lexical",
-    "procedure/agent",
-    "calc/verify/standards",
-    "conditional rules",
-    "style/audience/persona",
-)
 # Keyword cues per requirement type; a rubric takes the type with the most cues
 # (ties go to the earlier type), and a rubric with no cue is left untyped. Agreement with
 # hand labels of 67 real CL-bench rubrics: tests/test_rubric_types.py (and the README).
@@ -69,21 +63,11 @@ def near_miss_bin(n_failed: int) -> str:
     return ">8"
 
 
-def _pct(num: float, den: float) -> float | None:
-    return round(100.0 * num / den, 2) if den else None
-
-
-def rate_cell(solved: int, tasks: int) -> dict:
-    """Tasks, solved, the task-solving rate and its 95% (Wilson) interval."""
-    return {"tasks": tasks, "solved": solved, "task_solving_rate": _pct(solved, tasks),
-            "task_solving_rate_ci95": statistics.rate_ci(solved, tasks)}
-
-
-def _rate_table(rows: list[GradedRow], key) -> dict[str, dict]:
+def _rate_table(rows: list[GradedRow], key) -> dict[str, Rate]:
     groups: dict[str, list[GradedRow]] = defaultdict(list)
     for r in rows:
         groups[key(r)].append(r)
-    return {name: rate_cell(sum(r.solved for r in g), len(g)) for name, g in sorted(groups.items())}
+    return {name: Rate(len(g), sum(r.solved for r in g)) for name, g in sorted(groups.items())}
 
 
 def pass_fraction(row: GradedRow) -> float:
@@ -92,7 +76,7 @@ def pass_fraction(row: GradedRow) -> float:
     return sum(flags) / len(flags) if flags else 0.0
 
 
-def _sub_categories(rows: list[GradedRow]) -> dict[str, dict]:
+def _sub_categories(rows: list[GradedRow]) -> dict[str, Rate]:
     """TSR per sub-category, each tagged with its macro-category (Figure 3's grouping); a
     name found under two categories (e.g. a missing one, "unknown") is one row per category."""
     owners: dict[str, set[str]] = defaultdict(set)
@@ -104,7 +88,7 @@ def _sub_categories(rows: list[GradedRow]) -> dict[str, dict]:
         return sub if len(owners[sub]) == 1 else f"{sub} ({r.metadata.context_category})"
 
     owner = {key(r): r.metadata.context_category for r in rows}
-    return {sub: {**cell, "category": owner[sub]} for sub, cell in _rate_table(rows, key).items()}
+    return {sub: Rate(cell.tasks, cell.solved, owner[sub]) for sub, cell in _rate_table(rows, key).items()}
 
 
 def rubric_type_failure(rows, typer=rubric_type) -> dict[str, float | None]:
@@ -119,10 +103,10 @@ def rubric_type_failure(rows, typer=rubric_type) -> dict[str, float | None]:
                 by_type[t].append(ok)
         for t, oks in by_type.items():
             per_type[t].append(sum(not ok for ok in oks) / len(oks))
-    return {t: _pct(sum(per_type[t]), len(per_type[t])) for t in RUBRIC_TYPES}
+    return {t: pct(sum(per_type[t]), len(per_type[t])) for t in RUBRIC_TYPES}
 
 
-def run_summary(rows, typer=rubric_type, bin_of=None) -> dict:
+def run_summary(rows, typer=rubric_type, bin_of=None) -> RunSummary:
     """Every per-run figure of the report for one graded file; `bin_of(row)` gives a
     row's length bin (computed once per row by `report`)."""
     rows = graded_rows(rows)
@@ -132,40 +116,23 @@ def run_summary(rows, typer=rubric_type, bin_of=None) -> dict:
         near[near_miss_bin(r.failed)] += 1
     by_length = _rate_table(rows, bin_of)
     fractions = [pass_fraction(r) for r in rows]
-    summary = {
-        **rate_cell(sum(r.solved for r in rows), len(rows)),
-        "rubric_pass_rate": _pct(sum(fractions), len(fractions)),
-        "rubric_pass_rate_ci95": statistics.bootstrap_mean_ci(fractions),
-        "by_category": _rate_table(rows, lambda r: r.metadata.context_category),
-        "by_sub_category": _sub_categories(rows),
-        "by_length_bin": {b: by_length[b] for b in LENGTH_BINS if b in by_length},
-        "near_miss": near,
-        "rubric_type_failure": rubric_type_failure(rows, typer),
-    }
-    inconsistent = sum(r.inconsistent for r in rows)
-    if inconsistent:
-        summary["score_disagrees_with_statuses"] = inconsistent
-    return summary
+    return RunSummary(
+        rate=Rate(len(rows), sum(r.solved for r in rows)),
+        rubric_pass_rate=pct(sum(fractions), len(fractions)),
+        rubric_pass_rate_ci95=statistics.bootstrap_mean_ci(fractions),
+        by_category=_rate_table(rows, lambda r: r.metadata.context_category),
+        by_sub_category=_sub_categories(rows),
+        by_length_bin={b: by_length[b] for b in LENGTH_BINS if b in by_length},
+        near_miss=near,
+        rubric_type_failure=rubric_type_failure(rows, typer),
+        score_disagrees_with_statuses=sum(r.inconsistent for r in rows))
 
 
 class NoCommonTasks(ValueError):
     """Two runs to compare share no task: there is nothing to pair."""
 
 
-def paired_rates(pairs: list[tuple[bool, bool]]) -> dict:
-    """Before/after task outcomes, paired: the difference of the two rates with its
-    paired 95% interval, the discordant counts and McNemar's exact p."""
-    both = sum(x and y for x, y in pairs)
-    newly = sum(y and not x for x, y in pairs)
-    broken = sum(x and not y for x, y in pairs)
-    n = len(pairs)
-    neither = n - both - newly - broken
-    return {"tasks": n, "delta_task_solving_rate": _pct(newly - broken, n),
-            "delta_task_solving_rate_ci95": statistics.paired_difference_ci(both, newly, broken, neither),
-            "mcnemar_p": statistics.mcnemar_exact(newly, broken), "newly_solved": newly, "broken_solved": broken}
-
-
-def compare(before, after, *, bin_of=None) -> dict:
+def compare(before, after, *, labels: tuple[str, str] = ("before", "after"), bin_of=None) -> Comparison:
     """Before -> after over the tasks both runs hold (Appendix H-I): the paired difference
     of task-solving rates (interval, McNemar p) overall and per length bin, the rubric
     pass rate's paired bootstrap difference, the migration matrix and repair/regression.
@@ -196,27 +163,20 @@ def compare(before, after, *, bin_of=None) -> dict:
             repairs += (not x) and y
             regressions += x and not y
             changed += x != y
-    overall = paired_rates(pairs)
-    repair_p = _pct(repairs, x0)
-    regression = _pct(regressions, x1)
-    return {
-        **{k: v for k, v in overall.items() if k != "tasks"},
-        "tasks_compared": len(common),
-        "tasks_only_before": len(set(b_rows) - set(a_rows)),
-        "tasks_only_after": len(set(a_rows) - set(b_rows)),
-        "delta_rubric_pass_rate": _pct(sum(fraction_deltas), len(fraction_deltas)),
-        "delta_rubric_pass_rate_ci95": statistics.bootstrap_mean_ci(fraction_deltas),
-        "by_length_bin": {b: paired_rates(by_bin[b]) for b in LENGTH_BINS if b in by_bin},
-        "migration": migration,
-        "preserved_solved": sum(x and y for x, y in pairs),
-        "net_solved_gain": overall["newly_solved"] - overall["broken_solved"],
-        "change_rate": _pct(changed, total),
-        "repair_probability": repair_p,
-        "regression_risk": regression,
-        "positive_change_precision": _pct(repairs, changed),
-        "benefit_risk_ratio": round(repair_p / regression, 2) if repair_p is not None and regression else None,
-        "net_requirement_gain": _pct(repairs - regressions, total),
-    }
+    overall = Paired.of(pairs)
+    repair_p, regression = pct(repairs, x0), pct(regressions, x1)
+    return Comparison(
+        before=labels[0], after=labels[1], paired=overall,
+        tasks_only_before=len(set(b_rows) - set(a_rows)), tasks_only_after=len(set(a_rows) - set(b_rows)),
+        delta_rubric_pass_rate=pct(sum(fraction_deltas), len(fraction_deltas)),
+        delta_rubric_pass_rate_ci95=statistics.bootstrap_mean_ci(fraction_deltas),
+        by_length_bin={b: Paired.of(by_bin[b]) for b in LENGTH_BINS if b in by_bin},
+        migration=migration,
+        repair={"preserved_solved": overall.both, "net_solved_gain": overall.newly - overall.broken,
+                "change_rate": pct(changed, total), "repair_probability": repair_p, "regression_risk": regression,
+                "positive_change_precision": pct(repairs, changed),
+                "benefit_risk_ratio": round(repair_p / regression, 2) if repair_p is not None and regression else None,
+                "net_requirement_gain": pct(repairs - regressions, total)})
 
 
 def _agreement(votes: list[bool]) -> tuple[float, float]:
@@ -256,8 +216,8 @@ def judge_stability(rows) -> dict | None:
     def level(items: list[tuple[float, float]]) -> dict:
         return {
             "instances": len(items),
-            "single_vote_agreement": _pct(sum(s for s, _ in items), len(items)),
-            "majority_vote_agreement": _pct(sum(m for _, m in items), len(items)),
+            "single_vote_agreement": pct(sum(s for s, _ in items), len(items)),
+            "majority_vote_agreement": pct(sum(m for _, m in items), len(items)),
         }
 
     return {"votes": k, "requirement": level(req), "task": level(tasks), "tasks_left_out": len(rows) - len(votes)}
@@ -304,142 +264,13 @@ def cost_summary(rows) -> dict | None:
     }
 
 
-def method_label(method: str | None, ablate=()) -> str | None:
-    """What a reader calls a run: "baseline", "contextguard (no protection)"."""
-    if not method:
-        return None
-    base, _, removed = method.partition("-no-")
-    gone = sorted({removed, *ablate} - {""})
-    return base + (f" (no {', no '.join(gone)})" if gone else "")
-
-
-def row_label(row: GradedRow) -> str | None:
-    """A graded row's run label, from its method and the ablations it was generated with."""
-    generation = ((row.model_extra or {}).get("cg_dspy") or {}).get("generation") or {}
-    config = generation.get("config") if isinstance(generation, dict) else None
-    ablate = config.get("ablate") or () if isinstance(config, dict) else ()
-    return method_label(row.method, ablate if isinstance(ablate, (list, tuple)) else ())
-
-
-@dataclass
-class Labelled:
-    """Graded files as a report's runs: one per label (a file mixing methods is several
-    runs); files of one method, settings and tasks are repeats of one run, which stands
-    for them by its per-task majority (`majority`); `notes` says why files of one label
-    are not repeats."""
-
-    runs: dict[str, list[GradedRow]] = field(default_factory=dict)
-    repeats: dict[str, list[list[GradedRow]]] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-
-def _settings(rows: list[GradedRow]) -> dict | None:
-    """What produced a file's rows (generation and grading), its repeat number left out;
-    None for rows from elsewhere, which say nothing to tell repeats apart by."""
-    block = (rows[0].model_extra or {}).get("cg_dspy") or {} if rows else {}
-    generation = block.get("generation") if isinstance(block, dict) else None
-    if not isinstance(generation, dict):
-        return None
-    return {"generation": {k: v for k, v in generation.items() if k != "repeat"}, "grading": block.get("run")}
-
-
-def majority(repeats: list[list[GradedRow]]) -> list[GradedRow]:
-    """One row per task standing for its repeats: the first repeat's row whose outcome is
-    the majority outcome (solved in more than half of the repeats; a tie is unsolved), so
-    every figure reads a real, consistent row."""
-    by_task: dict[str, list[GradedRow]] = defaultdict(list)
-    for rows in repeats:
-        for r in rows:
-            by_task[r.task_id].append(r)
-    chosen = []
-    for rows in by_task.values():
-        solved = sum(r.solved for r in rows) > len(repeats) / 2
-        chosen.append(next((r for r in rows if r.solved == solved), rows[0]))
-    return chosen
-
-
-def label_files(files: dict[str, list]) -> Labelled:
-    """Graded files as runs, by label: rows without a method are labelled by their file's
-    name (its path when two files share a name); a label two files share is one run of
-    repeats when their settings (but the repeat) and tasks agree, else one run per file
-    named by its file, with the difference said."""
-    from cg_dspy.evaluation.store import differences
-
-    groups: dict[tuple[str | None, str], list[GradedRow]] = {}
-    for path, rows in files.items():
-        for row in graded_rows(rows):
-            groups.setdefault((row_label(row), path), []).append(row)
-    names = [Path(path).name for _, path in groups]
-
-    def where(path: str) -> str:  # the file's name, or its whole path when two files share a name
-        return Path(path).name if names.count(Path(path).name) == 1 else path
-
-    out = Labelled()
-    by_label: dict[str | None, list[str]] = defaultdict(list)
-    for label, path in groups:
-        by_label[label].append(path)
-    for label, paths in by_label.items():
-        if label is None or len(paths) == 1:
-            for path in paths:
-                out.runs[where(path) if label is None else label] = groups[(label, path)]
-            continue
-        runs = [groups[(label, path)] for path in paths]
-        settings = [_settings(rows) for rows in runs]
-        tasks = [{r.task_id for r in rows} for rows in runs]
-        if settings[0] is not None and all(x == settings[0] for x in settings) and all(t == tasks[0] for t in tasks):
-            out.repeats[label] = runs
-            out.runs[label] = majority(runs)
-            continue
-        for path, rows in zip(paths, runs):
-            out.runs[f"{label} [{where(path)}]"] = rows
-        other = next((i for i in range(1, len(runs)) if settings[i] != settings[0] or tasks[i] != tasks[0]), 1)
-        if settings[0] is None or settings[other] is None:
-            why = "no recorded settings to match"
-        elif settings[other] != settings[0]:
-            why = "; ".join(differences(settings[other], settings[0])[:4])
-        else:
-            why = "other tasks"
-        out.notes.append(f"{label}: {where(paths[0])} and {where(paths[other])} are not repeats of one run ({why}); "
-                         "reported as separate runs")
-    return out
-
-
-def runs_by_label(files: dict[str, list]) -> dict[str, list[GradedRow]]:
-    """One run per label (see `label_files`; repeats as their per-task majority)."""
-    return label_files(files).runs
-
-
-def repeat_summary(repeats: list[list[GradedRow]]) -> dict:
-    """Repeats of one run as CL-bench's leaderboard prints them: the task-solving rate's
-    mean ± sample std over the runs, overall and per category."""
-    rates = [100.0 * sum(r.solved for r in rows) / len(rows) for rows in repeats if rows]
-    mean, std = statistics.mean_std(rates)
-    categories = sorted({r.metadata.context_category for rows in repeats for r in rows})
-    by_category = {}
-    for cat in categories:
-        per_run = [[r for r in rows if r.metadata.context_category == cat] for rows in repeats]
-        cat_mean, cat_std = statistics.mean_std([100.0 * sum(r.solved for r in rows) / len(rows)
-                                                 for rows in per_run if rows])
-        by_category[cat] = {"mean": cat_mean, "std": cat_std}
-    return {"runs": len(repeats), "tasks": len(repeats[0]) if repeats else 0, "mean": mean, "std": std,
-            "task_solving_rates": [round(x, 2) for x in rates], "by_category": by_category}
-
-
-def comparisons(result: dict) -> dict[tuple[str, str], dict]:
-    """A report's paired comparisons, (before, after) run labels to their numbers."""
-    out = {tuple(title.split(" -> ", 1)): c for title, c in (result.get("comparisons") or {}).items()}
-    if "comparison" in result:
-        names = list(result["runs"])
-        out[(names[0], names[1])] = result["comparison"]
-    return out
-
-
 def report(runs: dict[str, list], *, typer=rubric_type, typer_name: str = "keyword",
-           repeats: dict[str, list[list]] | None = None, notes: list[str] = ()) -> dict:
-    """The JSON report: `runs`, plus `comparison` for two runs (paired over their common
-    tasks), `repeats` (mean ± std per run that has them), `judge_stability` (per run
-    graded with every vote drawn, else null with `judge_stability_reason`) and `cost` when
-    the graded rows carry generation cost."""
+           repeats: dict[str, list[list]] | None = None, notes: list[str] = (),
+           pairs: list[tuple[str, str]] | None = None) -> Report:
+    """The report: every run; its paired comparisons (`pairs`, by default the first run
+    against the second when there are two); repeats (mean ± std) for runs that have
+    them; judge stability for runs graded with every vote drawn (else why not); and the
+    generation's cost when the graded rows carry it."""
     runs = {name: graded_rows(rows) for name, rows in runs.items()}
     bins: dict[int, str] = {}
 
@@ -448,29 +279,32 @@ def report(runs: dict[str, list], *, typer=rubric_type, typer_name: str = "keywo
             bins[id(row)] = length_bin(token_length(row.messages))
         return bins[id(row)]
 
-    out: dict = {"runs": {name: run_summary(rows, typer, bin_of) for name, rows in runs.items()},
-                 "rubric_typer": typer_name}
     names = list(runs)
-    if len(names) == 2:
-        out["comparison"] = compare(runs[names[0]], runs[names[1]], bin_of=bin_of)
-    if repeats:
-        out["repeats"] = {name: repeat_summary([graded_rows(r) for r in rows]) for name, rows in repeats.items()}
-    if notes:
-        out["notes"] = list(notes)
+    if pairs is None:
+        pairs = [(names[0], names[1])] if len(names) == 2 else []
     stability = {name: judge_stability(rows) for name, rows in runs.items()}
     stability = {k: v for k, v in stability.items() if v is not None}
-    out["judge_stability"] = stability or None
-    reason = stability_reason(runs, stability)
-    if reason:
-        out["judge_stability_reason"] = reason
     cost = {name: cost_summary(rows) for name, rows in runs.items()}
-    cost = {k: v for k, v in cost.items() if v is not None}
-    if cost:
-        out["cost"] = cost
-    return out
+    return Report(
+        runs={name: run_summary(rows, typer, bin_of) for name, rows in runs.items()},
+        comparisons=[compare(runs[b], runs[a], labels=(b, a), bin_of=bin_of) for b, a in pairs],
+        repeats={name: repeat_summary([graded_rows(r) for r in rows]) for name, rows in (repeats or {}).items()},
+        judge_stability=stability or None, judge_stability_reason=stability_reason(runs, stability),
+        cost={k: v for k, v in cost.items() if v is not None}, rubric_typer=typer_name, notes=list(notes))
 
 
-def report_files(files: dict[str, list], **options) -> dict:
+def repeat_summary(repeats: list[list[GradedRow]]) -> Repeats:
+    """Repeats of one run: each one's task-solving rate, overall and per category."""
+    rates = [100.0 * sum(r.solved for r in rows) / len(rows) for rows in repeats if rows]
+    categories = sorted({r.metadata.context_category for rows in repeats for r in rows})
+    by_category = {}
+    for cat in categories:
+        per_run = [[r for r in rows if r.metadata.context_category == cat] for rows in repeats]
+        by_category[cat] = [100.0 * sum(r.solved for r in rows) / len(rows) for rows in per_run if rows]
+    return Repeats(rates, len(repeats[0]) if repeats else 0, by_category)
+
+
+def report_files(files: dict[str, list], **options) -> Report:
     """`report` over graded files: runs by label, repeats summarized, notes kept."""
     labelled = label_files(files)
     return report(labelled.runs, repeats=labelled.repeats, notes=labelled.notes, **options)

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 from cg_dspy.core import files
-from cg_dspy.reports import html, markdown, plots
+from cg_dspy.reports.render import html, markdown, plots
+from cg_dspy.reports.report import Report
 
 GENERATOR = "contextguard report"
 JSON_REPORT = files.json_kind("a contextguard JSON report", lambda v: isinstance(v, dict) and v.get("generator") ==
@@ -26,18 +27,18 @@ def check(out_dir: str | Path) -> Path:
     return out_dir
 
 
-def as_json(result: dict) -> str:
+def as_json(report: Report) -> str:
     """The report as JSON, marked as ours."""
-    return json.dumps({"generator": GENERATOR, **result}, indent=1) + "\n"
+    return json.dumps({"generator": GENERATOR, **report.to_dict()}, indent=1) + "\n"
 
 
-def write(result: dict, out_dir: str | Path) -> None:
+def write(report: Report, out_dir: str | Path) -> None:
     """Every report file of `out_dir`, rendered first, then written in one step."""
     out_dir = check(out_dir)
-    drawn = plots.rendered(result)  # drawn once, for the folder and the page
-    page = html.to_html(result, drawn=drawn).encode("utf-8")
+    drawn = plots.rendered(report)  # drawn once, for the folder and the page
+    page = html.to_html(report, drawn=drawn).encode("utf-8")
     with files.uninterrupted():
-        files.write(out_dir / "report.json", as_json(result).encode("utf-8"), JSON_REPORT)
-        files.write(out_dir / "report.md", markdown.to_markdown(result).encode("utf-8"), markdown.KIND)
-        plots.write_all(result, out_dir / "figures", drawn)
+        files.write(out_dir / "report.json", as_json(report).encode("utf-8"), JSON_REPORT)
+        files.write(out_dir / "report.md", markdown.to_markdown(report).encode("utf-8"), markdown.KIND)
+        plots.write_all(report, out_dir / "figures", drawn)
         files.write(out_dir / "report.html", page, html.PAGE)

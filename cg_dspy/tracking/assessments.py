@@ -11,38 +11,13 @@ leaves no stale verdict behind).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from cg_dspy.judge.verdicts import Verdict
 
 MARK = "cg_dspy.verdict"  # metadata key on each assessment of ours
 MAX_TEXT = 8000  # characters of a rubric or reason kept; longer ones end with CLIPPED
 CLIPPED = " … [clipped]"
 _OLD_NAME = re.compile(r"R\d{2,}")  # assessments of ours before the mark existed
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One requirement's grade: what was checked, the majority label, the votes, why."""
-
-    rubric: str
-    status: str
-    votes: tuple[str, ...] = ()
-    reason: str = ""
-
-    def as_json(self) -> dict:
-        return {"rubric": self.rubric, "status": self.status, "votes": list(self.votes), "reason": self.reason}
-
-
-def verdicts_of(graded: dict) -> list[Verdict]:
-    """The verdicts of a graded row, from its rubrics, statuses, votes and reasons."""
-    from cg_dspy.evaluation.data import rubric_text
-
-    rubrics = [str(rubric_text(r)) for r in graded.get("rubrics") or []]
-    statuses = list(graded.get("requirement_status") or [])
-    votes = list(graded.get("votes") or [])
-    reasons = list(graded.get("reasons") or [])
-    return [Verdict(rubric, str(status), tuple(votes[i]) if i < len(votes) else (),
-                    str(reasons[i] or "") if i < len(reasons) else "")
-            for i, (rubric, status) in enumerate(zip(rubrics, statuses))]
 
 
 def clip(text: str) -> str:

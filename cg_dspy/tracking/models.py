@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import types
 
-from cg_dspy.redact import redact
+from cg_dspy.core.redact import redact
 from cg_dspy.tracking import prompts
 from cg_dspy.tracking.artifacts import RUN_ID, ArtifactRefused, read_run_json
 from cg_dspy.tracking.store import mlflow

@@ -17,7 +17,7 @@ import json
 import math
 import re
 
-from cg_dspy.redact import redact
+from cg_dspy.core.redact import redact
 from cg_dspy.tracking.artifacts import read_run_json
 from cg_dspy.tracking.store import mlflow
 
@@ -215,3 +215,19 @@ def _count(text) -> int | None:
         return int(text)
     except (TypeError, ValueError):
         return None
+
+
+def stage_versions(stages: list[str] | None = None) -> dict:
+    """Every version of each registered stage (`stages`, or those with a tuned version),
+    with its demos (read as registry data is), for `reports.prompt_diffs.compare`."""
+    from cg_dspy.reports.prompt_diffs import PromptVersion
+
+    out = {}
+    for prompt in registered():
+        stage = prompt.name.removeprefix(f"{PROMPT_PREFIX}.")
+        found = versions(prompt.name)
+        if (stages and stage not in stages) or (not stages and len(found) < 2):
+            continue
+        out[stage] = [PromptVersion(int(v.version), v.template, demos_of(v, stage, "compare"), version_row(v))
+                      for v in found]
+    return out

@@ -10,8 +10,15 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 
-from cg_dspy.redact import redact
+from cg_dspy.core.redact import redact
 from cg_dspy.tracking.store import KIND_TAG, mlflow
+
+RUN_COLUMNS = {  # what `compare` shows of each kind of run
+    "optimize": ["params.optimizer", "params.budget", "dev_before.task_solving_rate", "dev.task_solving_rate",
+                 "dev_before.rubric_pass_rate", "dev.rubric_pass_rate"],
+    "eval": ["params.protocol", "params.votes", "task_solving_rate"],
+    "run": ["params.method", "finished", "failed", "lm_calls"],
+}
 
 
 class Run:
@@ -106,22 +113,20 @@ def log_comparison(comparison: dict, prefix: str = "") -> None:
     log_metrics(metrics, prefix)
 
 
-def log_report(report: dict, *, per_run: bool) -> None:
-    """Each run's summary (with intervals) and generation cost of an analysis.report, its
+def log_report(report, *, per_run: bool) -> None:
+    """Each run's summary (with intervals) and generation cost of a `reports.Report`, its
     paired comparisons and repeats; `per_run` prefixes the metric names with the run's
     name (several runs in one MLflow run)."""
-    for name, summary in report["runs"].items():
+    for name, summary in report.runs.items():
         prefix = f"{name}." if per_run else ""
-        log_summary(summary, prefix)
-        if (report.get("cost") or {}).get(name):
-            log_metrics(report["cost"][name], prefix=f"{prefix}cost.")
-    from cg_dspy.reports.analysis import comparisons
-
-    for (before, after), comparison in comparisons(report).items():
-        log_comparison(comparison, prefix=f"{before} vs {after}.")
-    for name, repeats in (report.get("repeats") or {}).items():
-        log_metrics({"mean": repeats["mean"], "std": repeats["std"], "runs": repeats["runs"]},
-                    prefix=f"repeats.{name}.task_solving_rate.")
+        log_summary(summary.to_dict(), prefix)
+        if report.cost.get(name):
+            log_metrics(report.cost[name], prefix=f"{prefix}cost.")
+    for comparison in report.comparisons:
+        log_comparison(comparison.to_dict(), prefix=f"{comparison.before} vs {comparison.after}.")
+    for name, repeats in report.repeats.items():
+        mean, std = repeats.mean_std
+        log_metrics({"mean": mean, "std": std, "runs": repeats.runs}, prefix=f"repeats.{name}.task_solving_rate.")
 
 
 def log_run_summary(summary: dict) -> None:
@@ -166,3 +171,19 @@ def autolog():
         yield
     finally:
         mlflow.dspy.autolog(disable=True, silent=True)
+
+
+def run_tables(experiment: str) -> dict[str, list[dict]]:
+    """A compact table per kind of run of the experiment (the columns of RUN_COLUMNS)."""
+    runs = mlflow().search_runs(experiment_names=[experiment], output_format="list", order_by=["start_time ASC"])
+    tables: dict[str, list[dict]] = {}
+    for r in runs:
+        kind = r.data.tags.get(KIND_TAG)
+        if kind is None:
+            continue
+        cells = {"run_id": r.info.run_id[:8], "name": r.info.run_name}
+        for column in RUN_COLUMNS.get(kind, ["task_solving_rate"]):
+            key = column.removeprefix("params.")
+            cells[key] = r.data.params.get(key) if column.startswith("params.") else r.data.metrics.get(column)
+        tables.setdefault(kind, []).append(cells)
+    return tables

@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from cg_dspy.tracking.assessments import verdicts_of
 from cg_dspy.tracking.store import mlflow
 
 TASK_TAG = "cg_dspy.task_id"
@@ -94,12 +93,18 @@ class _Span:
         self.live.set_attributes({k: v for k, v in attributes.items() if v is not None})
 
 
-@contextmanager
-def _open_span(name: str, attributes: dict) -> Iterator[_Span]:
-    with mlflow().start_span(name=name) as live:
-        if attributes:
-            live.set_inputs(attributes)
-        yield _Span(live)
+class _Inline:
+    """Real MLflow spans in this process, nested under DSPy's own (optimize's tracing)."""
+
+    @contextmanager
+    def span(self, name: str, attributes: dict) -> Iterator[_Span]:
+        with mlflow().start_span(name=name) as live:
+            if attributes:
+                live.set_inputs(attributes)
+            yield _Span(live)
+
+    def graded(self, task) -> None:
+        pass  # optimize grades through its metric, which autolog already records
 
 
 class _Recorded:
@@ -201,14 +206,14 @@ class TraceWriter:
                     self.report.sent += 1
                 self._queue.put({"trace": node})
 
-    def annotate(self, graded: dict, judge: str) -> None:
-        """A graded task's verdicts (typed, not its formatted rationale), for its trace."""
+    def graded(self, task) -> None:
+        """A graded task's typed verdicts, for its trace."""
         if not self.report.traced:
             return
         with self._lock:
             self.report.verdicts_sent += 1
-        self._queue.put({"graded": {"task_id": _task_id(graded), "trace": (graded.get("cg_dspy") or {}).get("trace"),
-                                    "verdicts": [v.as_json() for v in verdicts_of(graded)]}, "judge": judge})
+        self._queue.put({"graded": {"task_id": task.task_id, "trace": task.trace_ref, "solved": task.solved,
+                                    "verdicts": [v.as_json() for v in task.verdicts]}, "judge": task.judge})
 
     def close(self) -> TraceReport:
         """Wait until every trace is written, or the writer stalls for stall_seconds() (then
@@ -254,25 +259,19 @@ class TraceWriter:
             self._process.wait()
 
 
-def _task_id(row: dict) -> str | None:
-    from cg_dspy.evaluation.rows import row_id
-
-    return row_id(row)
-
-
 @contextmanager
 def tracing(enabled: bool = True, *, inline: bool = False) -> Iterator[TraceReport]:
     """Trace every task and stage in this block (inside a run; a no-op when not
     `enabled`); the report it yields is complete when the block ends. `inline` makes
     real MLflow spans in this process, so they nest under DSPy's own (optimize);
     otherwise the trace writer does the work."""
-    from cg_dspy.method.stages import observing
+    from cg_dspy.core.observe import observing
 
     if not enabled:
         yield TraceReport(traced=False)
         return
     if inline:
-        with observing(_open_span):
+        with observing(_Inline()):
             yield TraceReport()
         return
     active = mlflow().active_run()
@@ -282,7 +281,7 @@ def tracing(enabled: bool = True, *, inline: bool = False) -> Iterator[TraceRepo
         yield writer.report
         return
     try:
-        with observing(writer.span, writer.annotate):
+        with observing(writer):
             yield writer.report
     finally:
         writer.close()

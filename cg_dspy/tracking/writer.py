@@ -22,8 +22,9 @@ import sys
 import threading
 import time
 
-from cg_dspy.tracking.artifacts import RUN_ID
-from cg_dspy.tracking.assessments import Verdict, replace_verdicts
+from cg_dspy.core.observe import trace_reference
+from cg_dspy.judge.verdicts import Verdict
+from cg_dspy.tracking.assessments import replace_verdicts
 from cg_dspy.tracking.traces import TASK_TAG, trace_ids
 
 WRITE_BATCH = 64  # traces per store transaction, at most
@@ -77,8 +78,7 @@ def main() -> None:
                 if trace_id is None:
                     say("ungraded", 1, "the graded task's trace is not in this store")
                     continue
-                verdicts = [Verdict(v["rubric"], v["status"], tuple(v["votes"]), v["reason"])
-                            for v in message["graded"]["verdicts"]]
+                verdicts = [Verdict.from_json(v) for v in message["graded"]["verdicts"]]
                 error = _attempt(lambda t=trace_id, v=verdicts, j=message["judge"]: replace_verdicts(t, v, j))
                 if error:
                     say("ungraded", 1, f"verdicts not stored: {error}")
@@ -119,12 +119,11 @@ class _TraceFinder:
     def __call__(self, graded: dict) -> str | None:
         from mlflow.exceptions import MlflowException
 
-        ref = graded.get("trace") or {}
-        trace_id = str(ref.get("trace_id"))
-        if trace_id.startswith("tr-") and RUN_ID.fullmatch(trace_id[3:]):
-            return trace_id
-        run = str(ref.get("run_id"))
-        if not RUN_ID.fullmatch(run):
+        ref = trace_reference(graded.get("trace")) or {}
+        if "trace_id" in ref:
+            return ref["trace_id"]
+        run = ref.get("run_id")
+        if run is None:
             return None
         if run not in self.by_run:
             try:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from cg_dspy.clbench.data import LENGTH_BINS
 from cg_dspy.core import files
-from cg_dspy.evaluation.data import LENGTH_BINS
-from cg_dspy.reports.analysis import NEAR_MISS_BINS, RUBRIC_TYPES, comparisons
+from cg_dspy.judge.signatures import RUBRIC_TYPES
+from cg_dspy.reports import statistics
+from cg_dspy.reports.analysis import NEAR_MISS_BINS
+from cg_dspy.reports.report import Rate, Report
 
 MARKER = "<!-- contextguard report -->"  # first line of every Markdown report: how one of ours is known
 KIND = files.Kind("a contextguard Markdown report", MARKER.encode())
@@ -37,10 +40,11 @@ def interval(ci) -> str:
     return f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "–"
 
 
-def rate(cell: dict) -> str:
+def rate(cell: Rate) -> str:
     """A rate with its interval and counts: 12.50 [2.24, 47.09] (1/8)."""
-    return f"{cell['task_solving_rate']:.2f} {interval(cell.get('task_solving_rate_ci95'))} " \
-           f"({cell['solved']}/{cell['tasks']})" if cell['task_solving_rate'] is not None else "–"
+    if cell.task_solving_rate is None:
+        return "–"
+    return f"{cell.task_solving_rate:.2f} {interval(cell.ci95)} ({cell.solved}/{cell.tasks})"
 
 
 def p_value(p: float | None) -> str:
@@ -53,11 +57,11 @@ def difference(value: float | None, ci) -> str:
     return "–" if value is None else f"{value:+.2f} {interval(ci)}"
 
 
-def _rates(title: str, runs: dict, key: str) -> Table:
-    names = list(runs)
-    groups = sorted({g for r in runs.values() for g in r[key]}, key=lambda g: (
+def _rates(title: str, cells: dict[str, dict[str, Rate]], key: str) -> Table:
+    names = list(cells)
+    groups = sorted({g for run in cells.values() for g in run}, key=lambda g: (
         LENGTH_BINS.index(g) if g in LENGTH_BINS else -1, g))
-    rows = [[g, *(rate(runs[n][key][g]) if g in runs[n][key] else "–" for n in names)] for g in groups]
+    rows = [[g, *(rate(cells[n][g]) if g in cells[n] else "–" for n in names)] for g in groups]
     return Table(title, [key.replace("by_", "").replace("_", " "), *names], rows,
                  note="Each cell: task-solving rate (%), its 95% interval, (solved/tasks).")
 
@@ -77,88 +81,74 @@ COST_KEYS = ("lm_calls_per_task", "cached_answers_per_task", "prompt_tokens_per_
              "completion_tokens_per_task", "truncated_replies_per_task", "seconds_per_task")
 
 
-def tables(result: dict) -> list[Table]:
+def tables(report: Report) -> list[Table]:
     """The report's tables, in the order of the paper's tables."""
-    runs = result["runs"]
+    runs = report.runs
     names = list(runs)
     out = [Table("Task-solving rate (%)", ["run", "tasks", "solved", "TSR", "TSR 95% CI", "rubric pass rate",
                                             "rubric pass 95% CI"],
-                 [[n, runs[n]["tasks"], runs[n]["solved"], runs[n]["task_solving_rate"],
-                   interval(runs[n]["task_solving_rate_ci95"]), runs[n].get("rubric_pass_rate"),
-                   interval(runs[n].get("rubric_pass_rate_ci95"))] for n in names], level=2,
+                 [[n, r.rate.tasks, r.rate.solved, r.rate.task_solving_rate, interval(r.rate.ci95), r.rubric_pass_rate,
+                   interval(r.rubric_pass_rate_ci95)] for n, r in runs.items()], level=2,
                  note="Intervals are 95%: Wilson's for the task-solving rate, a bootstrap over tasks for the rubric "
                       "pass rate (a task's requirements are judged together).")]
-    if result.get("repeats"):
+    if report.repeats:
+        categories = sorted({c for r in report.repeats.values() for c in r.by_category})
         out.append(Table("Repeated runs: task-solving rate, mean ± std", ["run", "repeats", "tasks", "mean ± std",
-                                                                       "per run", *_categories(result)],
-                         [[n, r["runs"], r["tasks"], _mean_std(r), ", ".join(f"{x:.2f}" for x in
-                                                                          r["task_solving_rates"]),
-                           *(_mean_std(r["by_category"].get(c)) for c in _categories(result))]
-                          for n, r in result["repeats"].items()],
+                                                                       "per run", *categories],
+                         [[n, r.runs, r.tasks, _mean_std(*r.mean_std), ", ".join(f"{x:.2f}" for x in r.rates),
+                           *(_mean_std(*statistics.mean_std(r.by_category.get(c, []))) for c in categories)]
+                          for n, r in report.repeats.items()],
                          note="Sample standard deviation (n - 1) over the repeats, as CL-bench's leaderboard prints "
                               "it. The other tables read each task's majority outcome over its repeats."))
     for key, title in (("by_category", "By category"), ("by_sub_category", "By sub-category"),
                        ("by_length_bin", "By input length (cl100k_base tokens)")):
-        out.append(_rates(title, runs, key))
+        out.append(_rates(title, {n: getattr(r, key) for n, r in runs.items()}, key))
     out.append(Table("Near-miss distribution (tasks by unsatisfied requirements)", ["run", *NEAR_MISS_BINS],
-                     [[n, *runs[n]["near_miss"].values()] for n in names]))
-    typer = result.get("rubric_typer") or "keyword"
+                     [[n, *r.near_miss.values()] for n, r in runs.items()]))
     out.append(Table("Failure rate by requirement type (%, task-averaged)", ["type", *names],
-                     [[t, *(runs[n]["rubric_type_failure"][t] for n in names)] for t in RUBRIC_TYPES],
-                     note=f"Requirement types by the {typer} typer."))
-    paired = comparisons(result)
-    if paired:
+                     [[t, *(runs[n].rubric_type_failure[t] for n in names)] for t in RUBRIC_TYPES],
+                     note=f"Requirement types by the {report.rubric_typer} typer."))
+    if report.comparisons:
         out.append(Table("Paired comparisons (tasks both runs hold)",
                          ["before -> after", "tasks", "Δ TSR (points) [95% CI]", "McNemar p", "newly solved",
                           "broken", "Δ rubric pass rate [95% CI]", "left out"],
-                         [[f"{b} -> {a}", c["tasks_compared"],
-                           difference(c["delta_task_solving_rate"], c["delta_task_solving_rate_ci95"]),
-                           p_value(c["mcnemar_p"]), c["newly_solved"], c["broken_solved"],
-                           difference(c["delta_rubric_pass_rate"], c["delta_rubric_pass_rate_ci95"]),
-                           c["tasks_only_before"] + c["tasks_only_after"]] for (b, a), c in paired.items()], level=2,
+                         [[c.title, c.paired.tasks, difference(c.paired.delta, c.paired.ci95),
+                           p_value(c.paired.mcnemar_p), c.paired.newly, c.paired.broken,
+                           difference(c.delta_rubric_pass_rate, c.delta_rubric_pass_rate_ci95),
+                           c.tasks_only_before + c.tasks_only_after] for c in report.comparisons], level=2,
                          note="Δ TSR: Newcombe's paired 95% interval; McNemar p: exact two-sided test of newly solved "
                               "against broken tasks; Δ rubric pass rate: paired bootstrap over tasks. An interval "
                               "that holds 0 (or p ≥ 0.05) means the runs are not shown to differ."))
-    for (before, after), c in paired.items():
-        title = f"{before} -> {after}"
-        out.append(Table(f"{title}: migration (rows: before, columns: after)", ["before \\ after", *NEAR_MISS_BINS],
-                         [[b, *c["migration"][b].values()] for b in NEAR_MISS_BINS], level=2))
-        out.append(Table(f"{title}: repair and regression", ["measure", "value"],
-                         [[k, v] for k, v in c.items() if k in REPAIR_KEYS]))
-    if result.get("cost"):
+    for c in report.comparisons:
+        out.append(Table(f"{c.title}: migration (rows: before, columns: after)", ["before \\ after", *NEAR_MISS_BINS],
+                         [[b, *c.migration[b].values()] for b in NEAR_MISS_BINS], level=2))
+        out.append(Table(f"{c.title}: repair and regression", ["measure", "value"],
+                         [[k, v] for k, v in c.repair.items()]))
+    if report.cost:
         out.append(Table("Generation cost per task", ["run", *COST_KEYS],
-                         [[n, *(c[k] for k in COST_KEYS)] for n, c in result["cost"].items()]))
-    stability = result.get("judge_stability")
-    for name, s in (stability or {}).items():
+                         [[n, *(c[k] for k in COST_KEYS)] for n, c in report.cost.items()]))
+    for name, s in (report.judge_stability or {}).items():
         out.append(Table(f"Judge stability: {name} (K = {s['votes']}, every vote drawn)",
                          ["level", "instances", "single-vote agreement", "majority-vote agreement"],
                          [[lvl, s[lvl]["instances"], s[lvl]["single_vote_agreement"],
                            s[lvl]["majority_vote_agreement"]] for lvl in ("requirement", "task")]))
-    if result.get("judge_stability_reason"):
-        out.append(Table("Judge stability", [], [], note=result["judge_stability_reason"]))
-    for note in result.get("notes") or ():
+    if report.judge_stability_reason:
+        out.append(Table("Judge stability", [], [], note=report.judge_stability_reason))
+    for note in report.notes:
         out.append(Table("Note", [], [], note=note))
     return out
 
 
-REPAIR_KEYS = ("preserved_solved", "net_solved_gain", "change_rate", "repair_probability", "regression_risk",
-               "positive_change_precision", "benefit_risk_ratio", "net_requirement_gain")
-
-
-def _categories(result: dict) -> list[str]:
-    return sorted({c for r in result["repeats"].values() for c in r["by_category"]})
-
-
-def _mean_std(cell: dict | None) -> str:
-    if not cell or cell.get("mean") is None:
+def _mean_std(mean: float | None, std: float | None) -> str:
+    if mean is None:
         return "–"
-    return f"{cell['mean']:.2f}" + (f" ± {cell['std']:.2f}" if cell.get("std") is not None else "")
+    return f"{mean:.2f}" + (f" ± {std:.2f}" if std is not None else "")
 
 
-def to_markdown(result: dict) -> str:
+def to_markdown(report: Report) -> str:
     """The report as Markdown tables, in the order of the paper's tables."""
     out = [MARKER]
-    for t in tables(result):
+    for t in tables(report):
         out.append(f"{'#' * t.level} {_fmt(t.title)}\n")
         if t.header:
             out.append(_table(t.header, t.rows) + "\n")

@@ -1,6 +1,6 @@
 """Requirement types by the judge LM (`report --rubric-types lm`): each unique rubric is
 classified once into the paper's five types (or "other") and the answer is cached beside
-the graded file (`<graded>.rubric_types.json`), so a rerun makes no call.
+the graded file it came from (`<graded>.rubric_types.json`), so a rerun makes no call.
 
 The keyword typer (`reports.analysis.rubric_type`) stays the offline default; its
 agreement with hand labels of real CL-bench rubrics is measured in the tests.
@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import dspy
 
 from cg_dspy.core.files import OutputRefused, json_kind, write
-from cg_dspy.evaluation.judge import JudgeFailure, ask
-from cg_dspy.evaluation.rows import graded_rows
+from cg_dspy.judge.signatures import RUBRIC_TYPES, RequirementType
+from cg_dspy.judge.voting import JudgeFailure, ask
 from cg_dspy.lms import lm_identity, using
-from cg_dspy.method.signatures import RequirementType
-from cg_dspy.reports.analysis import RUBRIC_TYPES
 
 OTHER = "other"
 
@@ -85,11 +84,11 @@ class LMTyper:
             self.unreachable = self.unreachable or f"{type(exc).__name__}: {str(exc)[:300]}"
         return None
 
-    def type_files(self, files: dict[str, list]) -> None:
-        """Type every unique rubric of the graded files: from the caches beside them, then
-        one LM call per rubric still unknown; a file's cache is rewritten when it changed.
-        Raises LMUnreachable when the LM answered none of them."""
-        per_file = {path: {r for row in graded_rows(rows) for r in row.rubrics} for path, rows in files.items()}
+    def type_files(self, files: dict[str, Iterable[str]]) -> None:
+        """Type every unique rubric of the graded files (path -> its rubrics): from the caches
+        beside them, then one LM call per rubric still unknown; a file's cache is rewritten
+        when it changed. Raises LMUnreachable when the LM answered none of them."""
+        per_file = {path: set(rubrics) for path, rubrics in files.items()}
         cached = {path: self._read(cache_path(path)) for path in files}
         for known in cached.values():
             self.types.update(known)

@@ -22,11 +22,13 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
+from cg_dspy.clbench.data import LENGTH_BINS  # noqa: E402
 from cg_dspy.core import files  # noqa: E402
 from cg_dspy.core.messages import CATEGORIES  # noqa: E402
-from cg_dspy.evaluation.data import LENGTH_BINS  # noqa: E402
+from cg_dspy.judge.signatures import RUBRIC_TYPES  # noqa: E402
 from cg_dspy.method.program import ABLATIONS  # noqa: E402
-from cg_dspy.reports.analysis import NEAR_MISS_BINS, RUBRIC_TYPES, comparisons  # noqa: E402
+from cg_dspy.reports.analysis import NEAR_MISS_BINS  # noqa: E402
+from cg_dspy.reports.report import Comparison, Rate, Report  # noqa: E402
 
 DPI = 110
 # One colour per method and per ContextGuard ablation, the same in every figure.
@@ -132,76 +134,6 @@ def _legend(fig, names: list[str]) -> None:
                ncol=columns, fontsize=8, frameon=False)
 
 
-def error_bars(fig) -> dict[str, list[tuple[float, float]]]:
-    """The 95% intervals a figure draws as error bars, per series label: (lo, hi) per bar."""
-    out: dict[str, list[tuple[float, float]]] = {}
-    for ax in fig.axes:
-        for container in ax.containers:
-            bars = getattr(container, "errorbar", None)
-            if bars is None:
-                continue
-            horizontal = container.orientation == "horizontal"
-            for segment in bars.lines[2][0].get_segments():
-                (x0, y0), (x1, y1) = segment
-                lo, hi = sorted((x0, x1) if horizontal else (y0, y1))
-                out.setdefault(container.get_label(), []).append((round(lo, 2), round(hi, 2)))
-    return out
-
-
-def drawn(fig) -> dict[str, list[float]]:
-    """The bar lengths a figure shows, per series label (what a reader sees)."""
-    out: dict[str, list[float]] = {}
-    for ax in fig.axes:
-        for container in ax.containers:
-            if getattr(container, "orientation", None) is None:
-                continue
-            horizontal = container.orientation == "horizontal"
-            out.setdefault(container.get_label(), []).extend(
-                round(p.get_width() if horizontal else p.get_height(), 2) for p in container.patches)
-    return out
-
-
-def _texts(fig) -> list:
-    """The texts a reader sees: tick labels inside the axis range, axis labels, titles,
-    annotations and legend entries."""
-    out = list(fig.texts)  # the suptitle is one of them
-    for legend in _legends(fig):
-        out += legend.get_texts()
-    for ax in fig.axes:
-        for axis in (ax.xaxis, ax.yaxis):
-            lo, hi = sorted(axis.get_view_interval())
-            span = (hi - lo) * 1e-6
-            out += [t.label1 for t in axis.get_major_ticks() if lo - span <= t.get_loc() <= hi + span]
-            out.append(axis.label)
-        out += [*ax.texts, ax.title]
-    return [t for t in dict.fromkeys(out) if t.get_visible() and t.get_text().strip()]
-
-
-def overlapping_text(fig) -> list[tuple[str, str]]:
-    """Pairs of visible texts whose boxes overlap, and texts (or legends) that leave the
-    figure: what makes a figure unreadable; tests expect none."""
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
-    frame = fig.bbox
-    boxes = [(t.get_text(), t.get_window_extent(renderer).expanded(0.98, 0.9)) for t in _texts(fig)]
-    legends = [legend.get_window_extent(renderer) for legend in _legends(fig)]
-    bad = [(name, "outside the figure") for name, box in [*boxes, *(("legend", b) for b in legends)]
-           if box.x0 < frame.x0 - 1 or box.y0 < frame.y0 - 1 or box.x1 > frame.x1 + 1 or box.y1 > frame.y1 + 1]
-    for i, (a, box_a) in enumerate(boxes):
-        bad += [(a, b) for b, box_b in boxes[i + 1:] if box_a.overlaps(box_b)]
-    for legend in legends:  # a legend covering a value label hides it
-        bad += [(name, "legend") for name, box in boxes if box.overlaps(legend) and not _inside(box, legend)]
-    return bad
-
-
-def _legends(fig) -> list:
-    return [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
-
-
-def _inside(box, outer) -> bool:
-    return box.x0 >= outer.x0 and box.x1 <= outer.x1 and box.y0 >= outer.y0 and box.y1 <= outer.y1
-
-
 def _bar_chart(series: dict[str, list], ticks: list[str], *, size: tuple[float, float], horizontal: bool,
                title: str, value_label: str, room: float = 1.18, blank=(), title_size: float | None = None,
                **bar_options):
@@ -222,12 +154,12 @@ def _bar_chart(series: dict[str, list], ticks: list[str], *, size: tuple[float, 
 
 
 @literal_text
-def subcategory_figure(result: dict):
+def subcategory_figure(report: Report):
     """Figure 3: TSR per sub-category, grouped under their macro-category (horizontal bars,
     so long names stay readable)."""
-    runs = result["runs"]
+    runs = report.runs
     names = list(runs)
-    cats = {s: cell["category"] for r in runs.values() for s, cell in r["by_sub_category"].items()}
+    cats = {s: cell.category for r in runs.values() for s, cell in r.by_sub_category.items()}
     order = {c: i for i, c in enumerate(CATEGORIES)}
     subs = sorted(cats, key=lambda s: (order.get(cats[s], len(order)), s))
     rows: list[str] = []  # top to bottom: a category heading, then its sub-categories
@@ -235,10 +167,9 @@ def subcategory_figure(result: dict):
     for cat in dict.fromkeys(cats[s] for s in subs):
         headings.add(len(rows))
         rows += [cat] + [s for s in subs if cats[s] == cat]
-    cells = {n: [None if i in headings else runs[n]["by_sub_category"].get(r) for i, r in enumerate(rows)]
+    cells = {n: [None if i in headings else runs[n].by_sub_category.get(r) for i, r in enumerate(rows)]
              for n in names}
-    series = {n: [c and c["task_solving_rate"] for c in cells[n]] for n in names}
-    errors = {n: [c and c.get("task_solving_rate_ci95") for c in cells[n]] for n in names}
+    series, errors = _rates(cells)
     fig, ax = _bar_chart(series, rows, size=(9, 1.2 + 0.22 * len(rows) * max(1.6, len(names) * 0.9)),
                          horizontal=True, blank=headings, value_label="Task-solving rate (%; whiskers: 95% interval)",
                          title=f"Task-solving rate by sub-category: {_versus(names)}", errors=errors)
@@ -255,31 +186,36 @@ def gain_pair(names: list[str]) -> tuple[str, str]:
     return base, "contextguard" if "contextguard" in names else names[-1]
 
 
-def paired_gain(result: dict, first: str, last: str, length_bin: str) -> tuple[float, list[float]] | None:
+def paired_gain(report: Report, first: str, last: str, length_bin: str) -> tuple[float, list[float]] | None:
     """`last` minus `first` in one length bin with its paired 95% interval, when the
     report compares the two (either way round) over the very tasks the bars show; else
     None (the bars' own difference is written, without an interval)."""
-    paired = comparisons(result)
-    shown = {result["runs"][n]["by_length_bin"][length_bin]["tasks"] for n in (first, last)}
+    shown = {report.runs[n].by_length_bin[length_bin].tasks for n in (first, last)}
     for (before, after), sign in (((first, last), 1), ((last, first), -1)):
-        cell = paired.get((before, after), {}).get("by_length_bin", {}).get(length_bin)
-        if cell and shown == {cell["tasks"]}:
-            lo, hi = cell["delta_task_solving_rate_ci95"]
-            return sign * cell["delta_task_solving_rate"], [lo, hi] if sign > 0 else [-hi, -lo]
+        found = report.comparison(before, after)
+        cell = found.by_length_bin.get(length_bin) if found else None
+        if cell and shown == {cell.tasks}:
+            lo, hi = cell.ci95
+            return sign * cell.delta, [lo, hi] if sign > 0 else [-hi, -lo]
     return None
 
 
+def _rates(cells: dict[str, list[Rate | None]]) -> tuple[dict, dict]:
+    """Bar lengths and whiskers of rate cells (None where a run has no cell)."""
+    series = {n: [c.task_solving_rate if c else None for c in row] for n, row in cells.items()}
+    errors = {n: [c.ci95 if c else None for c in row] for n, row in cells.items()}
+    return series, errors
+
+
 @literal_text
-def length_figure(result: dict):
+def length_figure(report: Report):
     """Figure 4: TSR per input-length bin, bars per run with their 95% intervals; the
     gain of `gain_pair` is written above each bin, with its paired interval when the
     report pairs the two runs."""
-    runs = result["runs"]
+    runs = report.runs
     names = list(runs)
-    bins = [b for b in LENGTH_BINS if any(b in r["by_length_bin"] for r in runs.values())]
-    cells = {n: [runs[n]["by_length_bin"].get(b) for b in bins] for n in names}
-    series = {n: [c and c["task_solving_rate"] for c in cells[n]] for n in names}
-    errors = {n: [c and c.get("task_solving_rate_ci95") for c in cells[n]] for n in names}
+    bins = [b for b in LENGTH_BINS if any(b in r.by_length_bin for r in runs.values())]
+    series, errors = _rates({n: [runs[n].by_length_bin.get(b) for b in bins] for n in names})
     first, last = gain_pair(names)
     fig, ax = _bar_chart(series, bins, size=(max(6.0, 1.6 + 1.3 * len(bins) * max(1, len(names)) ** 0.5), 4.6),
                          horizontal=False, room=1.42, value_label="Task-solving rate (%; whiskers: 95% interval)",
@@ -290,7 +226,7 @@ def length_figure(result: dict):
         top = ax.get_ylim()[1]
         for x, (b, a, length) in enumerate(zip(series[first], series[last], bins)):
             if b is not None and a is not None:
-                gain = paired_gain(result, first, last, length)
+                gain = paired_gain(report, first, last, length)
                 delta, ci = (a - b, None) if gain is None else gain
                 text = f"Δ {delta:+.1f}" + (f"\n[{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else "")
                 ax.text(x, top * 0.97, text, ha="center", va="top", fontsize=8, fontweight="bold",
@@ -300,10 +236,10 @@ def length_figure(result: dict):
 
 
 @literal_text
-def near_miss_figure(result: dict):
+def near_miss_figure(report: Report):
     """Table 13 as bars: tasks per number of unsatisfied requirements, per run (count, share)."""
-    runs = result["runs"]
-    series = {n: [runs[n]["near_miss"][b] for b in NEAR_MISS_BINS] for n in runs}
+    runs = report.runs
+    series = {n: [runs[n].near_miss[b] for b in NEAR_MISS_BINS] for n in runs}
     totals = {n: sum(series[n]) or 1 for n in runs}
     fig, ax = _bar_chart(series, [f"{b} failed" for b in NEAR_MISS_BINS],
                          size=(max(7.0, 2 + 0.55 * len(NEAR_MISS_BINS) * len(runs)), 4.4), horizontal=False,
@@ -315,11 +251,11 @@ def near_miss_figure(result: dict):
 
 
 @literal_text
-def rubric_type_figure(result: dict):
+def rubric_type_figure(report: Report):
     """Table 2 as bars: failure rate per requirement type, per run (lower is better)."""
-    runs = result["runs"]
-    series = {n: [runs[n]["rubric_type_failure"][t] for t in RUBRIC_TYPES] for n in runs}
-    typer = result.get("rubric_typer") or "keyword"
+    runs = report.runs
+    series = {n: [runs[n].rubric_type_failure[t] for t in RUBRIC_TYPES] for n in runs}
+    typer = report.rubric_typer
     fig, _ = _bar_chart(series, list(RUBRIC_TYPES),
                         size=(8.5, 1.4 + 0.5 * len(RUBRIC_TYPES) * max(1.0, len(runs) * 0.6)), horizontal=True,
                         room=1.3, value_label="Failure rate (%, task-averaged within each type; lower is better)",
@@ -329,9 +265,9 @@ def rubric_type_figure(result: dict):
 
 
 @literal_text
-def migration_figure(result: dict, before: str, after: str, comparison: dict):
+def migration_figure(comparison: Comparison):
     """Table 14 as a heatmap: tasks by failed requirements before (rows) and after."""
-    matrix = comparison["migration"]
+    before, after, matrix = comparison.before, comparison.after, comparison.migration
     values = [[matrix[b][a] for a in NEAR_MISS_BINS] for b in NEAR_MISS_BINS]
     fig, ax = _figure(6.4, 5.0)
     im = ax.imshow(values, cmap="Blues")
@@ -349,14 +285,13 @@ def migration_figure(result: dict, before: str, after: str, comparison: dict):
     return fig, values
 
 
-def figures(result: dict) -> dict[str, object]:
+def figures(report: Report) -> dict[str, object]:
     """Every figure the report supports, by file stem, as matplotlib figures."""
-    out = {"tsr_by_sub_category": subcategory_figure(result), "tsr_by_length": length_figure(result),
-           "near_miss": near_miss_figure(result), "rubric_type_failure": rubric_type_figure(result)}
-    paired = comparisons(result)
-    for (before, after), comparison in paired.items():
-        stem = "migration" if len(paired) == 1 else f"migration_{_slug(after)}"
-        out[stem] = migration_figure(result, before, after, comparison)[0]
+    out = {"tsr_by_sub_category": subcategory_figure(report), "tsr_by_length": length_figure(report),
+           "near_miss": near_miss_figure(report), "rubric_type_failure": rubric_type_figure(report)}
+    for comparison in report.comparisons:
+        stem = "migration" if len(report.comparisons) == 1 else f"migration_{_slug(comparison.after)}"
+        out[stem] = migration_figure(comparison)[0]
     return out
 
 
@@ -392,11 +327,11 @@ class Rendered:
     caption: str
 
 
-def rendered(result: dict) -> dict[str, Rendered]:
+def rendered(report: Report) -> dict[str, Rendered]:
     """Every figure drawn once, as PNG bytes by file stem: what `--plots` writes and the
     HTML page inlines."""
     out = {}
-    for stem, fig in figures(result).items():
+    for stem, fig in figures(report).items():
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": SOFTWARE})
         out[stem] = Rendered(buffer.getvalue(), fig.get_suptitle().replace("\n", " ") or stem)
@@ -404,13 +339,13 @@ def rendered(result: dict) -> dict[str, Rendered]:
     return out
 
 
-def write_all(result: dict, directory: str | Path, drawn: dict[str, Rendered] | None = None) -> list[Path]:
+def write_all(report: Report, directory: str | Path, drawn: dict[str, Rendered] | None = None) -> list[Path]:
     """Every figure as a PNG in `directory` (figures of an earlier report that this one
     does not draw are removed); returns the files written."""
     out = check(directory)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for stem, figure in (drawn or rendered(result)).items():
+    for stem, figure in (drawn or rendered(report)).items():
         path = out / f"{stem}.png"
         written.append(files.write(path, figure.png, FIGURE))
     for stale in set(_ours_by_name(out)) - set(written):

@@ -18,12 +18,13 @@ from pathlib import Path
 import dspy
 import pydantic
 
-from cg_dspy.evaluation.data import Task
-from cg_dspy.evaluation.rows import ResultRow
-from cg_dspy.evaluation.runner import Outcome, execute
-from cg_dspy.evaluation.store import ResultStore
+from cg_dspy.clbench.data import Task
+from cg_dspy.clbench.rows import ResultRow
+from cg_dspy.clbench.runner import Outcome, execute
+from cg_dspy.clbench.store import ResultStore
+from cg_dspy.core.cost import cost_totals
+from cg_dspy.core.observe import span
 from cg_dspy.lms import lm_identity, patches, using
-from cg_dspy.method.stages import cost_totals, span
 
 
 def _dump(value):

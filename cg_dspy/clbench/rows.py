@@ -29,13 +29,13 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeFloat,
-    NonNegativeInt,
     ValidationError,
     field_validator,
 )
 
+from cg_dspy.clbench.data import RowError, RubricText, explain
+from cg_dspy.core.cost import StageCost
 from cg_dspy.core.messages import Message
-from cg_dspy.evaluation.data import RowError, RubricText, explain
 
 Status = Literal["yes", "no"]
 
@@ -79,20 +79,6 @@ class RowMetadata(BaseModel):
     @classmethod
     def _known(cls, value: object) -> object:
         return "unknown" if value in (None, "") else value
-
-
-class StageCost(BaseModel):
-    """One stage's LM cost (stages.py's cost entry)."""
-
-    model_config = ConfigDict(extra="ignore")
-    calls: NonNegativeInt = 0
-    cached: NonNegativeInt = 0
-    prompt_tokens: NonNegativeInt = 0
-    cached_prompt_tokens: NonNegativeInt = 0
-    completion_tokens: NonNegativeInt = 0
-    truncated: NonNegativeInt = 0
-    reasoning_chars: NonNegativeInt = 0
-    reasoning_tokens: NonNegativeInt = 0
 
 
 class Cost(BaseModel):

@@ -28,9 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+from cg_dspy.clbench.rows import read_jsonl, row_id
 from cg_dspy.core import files
 from cg_dspy.core.files import OutputLocked, OutputRefused
-from cg_dspy.evaluation.rows import read_jsonl, row_id
 
 KINDS = ("results", "graded")
 

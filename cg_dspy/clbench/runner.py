@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from cg_dspy.evaluation.store import ResultStore
-from cg_dspy.redact import scrub
+from cg_dspy.clbench.store import ResultStore
+from cg_dspy.core.redact import scrub
 
 
 @dataclass

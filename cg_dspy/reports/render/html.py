@@ -9,7 +9,8 @@ from pathlib import Path
 
 from cg_dspy.core import files
 from cg_dspy.core.files import OutputRefused
-from cg_dspy.reports import markdown, plots
+from cg_dspy.reports.render import markdown, plots
+from cg_dspy.reports.report import Report
 
 GENERATOR = '<meta name="generator" content="contextguard report">'
 PAGE = files.Kind("a contextguard report page", GENERATOR.encode())
@@ -28,19 +29,19 @@ def _table(t: markdown.Table) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>" if t.header else ""
 
 
-def to_html(result: dict, *, title: str = "ContextGuard report", drawn: dict | None = None) -> str:
+def to_html(report: Report, *, title: str = "ContextGuard report", drawn: dict | None = None) -> str:
     """The page: figures first (what a reader looks at), then every table of the report;
     `drawn` (from `plots.rendered`) saves drawing the figures again."""
     figures = []
-    for stem, figure in (drawn or plots.rendered(result)).items():
+    for stem, figure in (drawn or plots.rendered(report)).items():
         src = "data:image/png;base64," + base64.b64encode(figure.png).decode("ascii")
         figures.append(f'<figure id="{stem}"><img alt="{html.escape(figure.caption)}" src="{src}">'
                        f"<figcaption>{html.escape(figure.caption)}</figcaption></figure>")
     sections = []
-    for t in markdown.tables(result):
+    for t in markdown.tables(report):
         note = f'<p class="note">{html.escape(t.note)}</p>' if t.note else ""
         sections.append(f"<h{t.level}>{html.escape(t.title)}</h{t.level}>{_table(t)}{note}")
-    runs = ", ".join(html.escape(n) for n in result["runs"])
+    runs = ", ".join(html.escape(n) for n in report.runs)
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f"{GENERATOR}<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1><p>Runs: {runs}</p>"
             '<nav><a href="#figures">Figures</a><a href="#tables">Tables</a></nav>'
@@ -56,7 +57,7 @@ def check(path: str | Path) -> Path:
     return files.check(path, PAGE)
 
 
-def write(result: dict, path: str | Path, drawn: dict | None = None) -> Path:
+def write(report: Report, path: str | Path, drawn: dict | None = None) -> Path:
     """Write the page whole; an existing file is replaced only if it is one of ours."""
     check(path)
-    return files.write(path, to_html(result, drawn=drawn).encode("utf-8"), PAGE)
+    return files.write(path, to_html(report, drawn=drawn).encode("utf-8"), PAGE)

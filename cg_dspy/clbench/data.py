@@ -316,6 +316,20 @@ def select(source: str, *, strict: bool = False) -> Loaded:
     return load_tasks(source, strict=strict)
 
 
+def shard(tasks: list[Task], spec: str | None) -> list[Task]:
+    """Shard i of n (`"i/n"`): a task's shard is a stable hash of its id, so n machines
+    running the same list split it without talking to each other."""
+    if not spec:
+        return tasks
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {spec!r}: write it as i/n, e.g. 0/4") from None
+    if not 0 <= i < n:
+        raise ValueError(f"--shard {spec}: need 0 <= i < n")
+    return [t for t in tasks if int(hashlib.sha256(t.idx.encode()).hexdigest(), 16) % n == i]
+
+
 def to_example(task: Task):
     """A dspy.Example: inputs `conversation` and `category`; label `rubrics`."""
     import dspy

@@ -11,20 +11,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cg_dspy.evaluation import harness, judge
-from cg_dspy.evaluation.rows import row_id
+from cg_dspy.clbench import generation, grading
+from cg_dspy.clbench.rows import row_id
 from cg_dspy.method import build_program
 from cg_dspy.method.program import ABLATIONS
 from cg_dspy.reports import analysis, outputs
+from cg_dspy.reports.report import Report
+from cg_dspy.workflows import Tracking, tracked
 
 
 @dataclass
 class BenchResult:
-    """The report over every method, and what did not finish."""
+    """The report over every method, what did not finish, and what tracing lost."""
 
-    report: dict
+    report: Report | None = None
     failed: list[tuple[str, str]] = field(default_factory=list)  # (method: task, reason)
     interrupted: bool = False
+    warnings: list[str] = field(default_factory=list)
 
 
 def draft_source(method: str) -> str | None:
@@ -56,6 +59,26 @@ def reading_order(method: str) -> tuple[int, int]:
     return len(main), ABLATIONS.index(removed) if removed in ABLATIONS else len(ABLATIONS)
 
 
+def bench(tasks, methods, out_dir: Path, *, tracking: Tracking = Tracking(enabled=False), params: dict | None = None,
+          **options) -> BenchResult:
+    """`run_bench` as one MLflow run: every task traced, each run's metrics, the folder as
+    artifacts."""
+    with tracked(tracking, f"bench-{Path(out_dir).name}", "bench", params or {}) as run_:
+        with run_.traced(tracking.trace):
+            result = run_bench(tasks, methods, Path(out_dir), **options)
+        result.warnings = run_.warnings
+        if run_.active:
+            from cg_dspy import tracking as mlflow_tracking
+
+            mlflow_tracking.log_metrics(run_.traced_counts(), prefix="traces.")
+            if result.report is not None:
+                mlflow_tracking.log_report(result.report, per_run=True)
+                mlflow_tracking.log_artifacts(out_dir, "bench")
+            if result.interrupted:
+                run_.stopped_early()
+    return result
+
+
 def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol="rubric", threads=4,
               progress=True, early_stop=True, force=False, resume_anyway=False, inputs=(),
               layout="chat", typer=None, repeats: int = 1) -> BenchResult:
@@ -67,13 +90,13 @@ def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol=
     out_dir.mkdir(parents=True, exist_ok=True)
     answers: dict[tuple[str, int | None], dict[str, str]] = {}
     graded_files: dict[str, tuple[str, list[dict]]] = {}  # path -> (method, rows)
-    result = BenchResult(report={})
+    result = BenchResult()
     for method in ordered(methods):
         src = draft_source(method)
         for repeat in [None] if repeats == 1 else range(1, repeats + 1):
             out = out_dir / f"{method}.jsonl"
-            out = harness.repeat_path(out, repeat) if repeat else out
-            run = harness.run(build_program(method, layout=layout), tasks, out, lm=lm, method=method,
+            out = generation.repeat_path(out, repeat) if repeat else out
+            run = generation.run(build_program(method, layout=layout), tasks, out, lm=lm, method=method,
                               threads=threads, drafts=answers.get((src, repeat)), progress=progress, force=force,
                               resume_anyway=resume_anyway, inputs=inputs, repeat=repeat)
             result.failed += [(f"{out.stem}: {idx}", reason) for idx, reason in run.outcome.failed]
@@ -82,7 +105,7 @@ def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol=
                 return result
             answers[(method, repeat)] = {row_id(r): r.get("trace", {}).get("draft") or r["model_output"]
                                          for r in run.rows}
-            graded = judge.grade_file(run.rows + [r for r in run.outcome.rows if r.get("error")],
+            graded = grading.grade_file(run.rows + [r for r in run.outcome.rows if r.get("error")],
                                       str(out.with_suffix(".graded.jsonl")), judge_lm=judge_lm, protocol=protocol,
                                       votes=votes, early_stop=early_stop, threads=threads, progress=progress,
                                       force=force, resume_anyway=resume_anyway)
@@ -96,14 +119,13 @@ def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol=
                                                             key=lambda item: reading_order(item[1][0]))}
     typed = {}
     if typer is not None:
-        typer.type_files(files)
+        typer.type_files({path: [r for row in rows for r in row.get("rubrics") or []] for path, rows in files.items()})
         typed = {"typer": typer, "typer_name": typer.describe()}
     labelled = analysis.label_files(files)
-    report = analysis.report(labelled.runs, repeats=labelled.repeats, notes=labelled.notes, **typed)
     runs = labelled.runs
-    if "baseline" in runs:  # each method against the baseline, paired (repeats by their per-task majority)
-        report["comparisons"] = {f"baseline -> {m}": analysis.compare(runs["baseline"], g)
-                                 for m, g in runs.items() if m != "baseline"}
+    pairs = [("baseline", m) for m in runs if m != "baseline"] if "baseline" in runs else []
+    # each method against the baseline, paired (repeats by their per-task majority)
+    report = analysis.report(runs, repeats=labelled.repeats, notes=labelled.notes, pairs=pairs, **typed)
     outputs.write(report, out_dir)
     result.report = report
     return result

@@ -18,14 +18,14 @@ import threading
 
 import dspy
 
-from cg_dspy.evaluation.judge import JudgeFailure, RubricJudge
+from cg_dspy.judge.voting import DEFAULT_VOTES, JudgeFailure, RubricJudge
 from cg_dspy.lms import using
 
 
 class RubricMetric:
     """`metric(example, prediction, trace=None, pred_name=None, pred_trace=None)`."""
 
-    def __init__(self, judge_lm, *, votes: int = 3, strict: bool = False, feedback: bool = False,
+    def __init__(self, judge_lm, *, votes: int = DEFAULT_VOTES, strict: bool = False, feedback: bool = False,
                  memo: dict | None = None):
         self.judge_lm = judge_lm
         self.votes = votes

@@ -1,0 +1,114 @@
+"""A program's configuration, written once: which method, which ablations, how many
+rounds, the guard's threshold, the category policy, the layout. A program dumps it into
+its saved state (the `cg_dspy` block), a loader checks it (`load`, one message per bad
+field), and it builds a fresh, untuned program again (`build`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import dspy
+
+from cg_dspy.core.messages import CATEGORIES
+from cg_dspy.method import specialists
+from cg_dspy.method.baselines import Baseline, SelfRefine
+from cg_dspy.method.guard import MIN_LENGTH_RATIO
+from cg_dspy.method.program import ABLATIONS, DEFAULT_LAYOUT, LAYOUTS, MAX_ROUNDS, ContextGuard
+from cg_dspy.method.specialists import SpecialistPolicy
+
+METHODS = ("baseline", "self-refine", "contextguard")
+KEYS = ("method", "ablate", "max_rounds", "min_length_ratio", "policy", "layout")
+
+
+class ProgramRefused(ValueError):
+    """A saved program holds something a program must not hold, or is malformed."""
+
+
+def method_names() -> list[str]:
+    """Every method `bench` knows: the three methods and each single ablation."""
+    return [*METHODS, *(f"contextguard-no-{a}" for a in ABLATIONS)]
+
+
+@dataclass(frozen=True)
+class ProgramConfig:
+    """What rebuilds a program before its saved instructions and demos are applied."""
+
+    method: str = "contextguard"
+    ablate: tuple[str, ...] = ()
+    max_rounds: int = 1
+    min_length_ratio: float = MIN_LENGTH_RATIO
+    policy: dict[str, SpecialistPolicy] | None = field(default=None, hash=False)
+    layout: str = DEFAULT_LAYOUT
+
+    def dump(self) -> dict:
+        """The saved `cg_dspy` block (each method keeps what it has)."""
+        if self.method == "baseline":
+            return {"method": "baseline"}
+        if self.method == "self-refine":
+            return {"method": "self-refine", "layout": self.layout}
+        policy = {c: [p.kind, p.mode] for c, p in self.policy.items()} if self.policy else None
+        return {"method": self.method, "ablate": list(self.ablate), "max_rounds": self.max_rounds,
+                "min_length_ratio": self.min_length_ratio, "policy": policy, "layout": self.layout}
+
+    def build(self) -> dspy.Module:
+        """A fresh, untuned program."""
+        return build_program(self.method, self.ablate, self.max_rounds, layout=self.layout,
+                             min_length_ratio=self.min_length_ratio, policy=self.policy)
+
+    @classmethod
+    def load(cls, block: object, source: str) -> ProgramConfig:
+        """A saved `cg_dspy` block, checked field by field (ProgramRefused names the field)."""
+        where = f"{source}: cg_dspy"
+        if block is None:
+            return cls()
+        if not isinstance(block, dict):
+            raise ProgramRefused(f"{where}: must be an object, not {type(block).__name__}")
+        unknown = sorted(set(block) - set(KEYS))
+        if unknown:
+            raise ProgramRefused(f"{where}: unknown key(s) {unknown}; a program block holds {list(KEYS)}")
+        method = block.get("method", "contextguard")
+        if method not in METHODS:
+            raise ProgramRefused(f"{where}.method: {method!r} is not one of {list(METHODS)}")
+        ablate = block.get("ablate") or []
+        if not isinstance(ablate, list) or any(a not in ABLATIONS for a in ablate):
+            raise ProgramRefused(f"{where}.ablate: {ablate!r}; each must be one of {list(ABLATIONS)}")
+        rounds = block.get("max_rounds", 1)
+        if not isinstance(rounds, int) or isinstance(rounds, bool) or not 1 <= rounds <= MAX_ROUNDS:
+            raise ProgramRefused(f"{where}.max_rounds: {rounds!r}; must be a whole number from 1 to {MAX_ROUNDS}")
+        ratio = block.get("min_length_ratio", MIN_LENGTH_RATIO)
+        if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0.0 <= ratio <= 1.0:
+            raise ProgramRefused(f"{where}.min_length_ratio: {ratio!r}; must be a number from 0 to 1")
+        layout = block.get("layout", "inline")  # programs saved before layouts were tuned inline
+        if layout not in LAYOUTS:
+            raise ProgramRefused(f"{where}.layout: {layout!r} is not one of {list(LAYOUTS)}")
+        return cls(method, tuple(ablate), rounds, float(ratio), _policy(block.get("policy"), where), layout)
+
+
+def _policy(policy: object, where: str) -> dict[str, SpecialistPolicy] | None:
+    if policy is None:
+        return None
+    kinds, modes = specialists.KINDS, specialists.MODES
+    if not isinstance(policy, dict):
+        raise ProgramRefused(f"{where}.policy: must be an object of category -> [kind, mode]")
+    for category, entry in policy.items():
+        if category not in CATEGORIES or not (isinstance(entry, list) and len(entry) == 2
+                                              and entry[0] in kinds and entry[1] in modes):
+            raise ProgramRefused(f"{where}.policy[{category!r}]: {entry!r}; categories are {list(CATEGORIES)}, "
+                                 f"entries [kind, mode] with kind in {list(kinds)} and mode in {list(modes)}")
+    return {c: SpecialistPolicy(*entry) for c, entry in policy.items()} or None
+
+
+def build_program(method: str, ablate: tuple[str, ...] | list[str] = (), max_rounds: int = 1,
+                  layout: str = "chat", **options) -> dspy.Module:
+    """The module for a method name; `contextguard-no-X` is ContextGuard with X ablated.
+    `options` (min_length_ratio, policy) go to ContextGuard."""
+    if method == "baseline":
+        return Baseline()
+    if method == "self-refine":
+        return SelfRefine(layout=layout)
+    if method == "contextguard" or method.startswith("contextguard-no-"):
+        removed = () if method == "contextguard" else (method.removeprefix("contextguard-no-"),)
+        options = {k: v for k, v in options.items() if v is not None}
+        return ContextGuard(ablate=(*ablate, *removed), max_rounds=max_rounds, layout=layout, **options)
+    raise ValueError(f"unknown method {method!r}; choose from {method_names()}")
