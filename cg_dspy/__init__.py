@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {"Baseline": "cg_dspy.method", "ContextGuard": "cg_dspy.method", "SelfRefine": "cg_dspy.method",
-            "load_program": "cg_dspy.saved"}
+            "load_program": "cg_dspy.saved", "rubric_scorer": "cg_dspy.tracking.scorer"}
 
 __all__ = sorted(_EXPORTS)
 

@@ -15,6 +15,18 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"
 SHARED = ROOT.parent / "shared" / "clbench"
 
+# The modules that take longest, started first: pytest-xdist (`--dist loadfile`: a
+# module's tests on one worker, so its module fixtures are made once) hands out modules
+# in collection order, and a three-minute module started last is a tail the other worker
+# waits through. Within a module the order is unchanged.
+LONGEST_FIRST = ("test_real_server.py", "test_round3_tracing.py", "test_optimize_scale.py", "test_round3.py",
+                 "test_mlflow.py", "test_optimize.py", "test_faults.py", "test_cli.py", "test_statistics.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))
+
 
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
@@ -115,3 +127,16 @@ def untracked_optimize(**options):
     from cg_dspy.optimize.compile import optimize
 
     return optimize(**{"dev_votes": 1, **options})
+
+
+def verdicts_on(trace) -> list:
+    """A trace's per-requirement verdicts (the feedback named `requirement/<type>`), in
+    rubric order."""
+    mine = [a for a in trace.info.assessments if a.name.startswith("requirement/")]
+    return sorted(mine, key=lambda a: int(a.metadata["cg_dspy.verdict"]))
+
+
+def assessment(trace, name: str):
+    """The one assessment named `name` on a trace."""
+    (found,) = [a for a in trace.info.assessments if a.name == name]
+    return found

@@ -6,7 +6,8 @@ import json
 
 import mlflow
 import pytest
-from conftest import DATA, cli, tracked_optimize
+from conftest import DATA, assessment, cli, tracked_optimize, verdicts_on
+from mlflow.genai.datasets import search_datasets
 from scripted import scripted_lm
 from test_optimize import RULE, behaviour, by_ids
 
@@ -69,7 +70,14 @@ def test_two_optimize_runs_leave_versioned_prompts_linked_runs_and_their_splits(
             assert mine[0].commit_message.startswith(f"{result.settings['optimizer']} (light): dev task-solving rate")
         contexts = {d.tags[0].value for d in run.inputs.dataset_inputs}
         assert contexts == {"train", "dev"}
-        assert {d.dataset.name for d in run.inputs.dataset_inputs} == {"train (train-split)", "dev (dev-split)"}
+        # each split is one MLflow evaluation dataset (the same one for both runs), linked as a run input
+        names = {d.tags[0].value: d.dataset.name for d in run.inputs.dataset_inputs}
+        assert names["train"].startswith("contextguard.train.") and names["dev"].startswith("contextguard.dev.")
+        datasets = {d.name: d for d in search_datasets(filter_string="name LIKE 'contextguard.%'")}
+        assert set(datasets) == set(names.values())
+        assert {split: len(datasets[name].to_df()) for split, name in names.items()} == \
+            {"train": result.settings["train_size"], "dev": result.settings["dev_size"]}
+        assert datasets[names["dev"]].tags["source"] == "dev-split"
         instructions = [p.signature.instructions for _, p in ContextGuard().named_predictors()]
         assert not any(text[:60] in value for value in run.data.params.values() for text in instructions)
         assert run.data.params["task_lm.max_tokens"] == "256"  # a number, not redacted as a "token"
@@ -106,7 +114,7 @@ def test_each_optimize_run_logs_one_model_with_a_signature_that_both_loaders_ope
     assert "served-model" not in artifacts
 
 
-def test_run_and_eval_trace_every_task_by_stage_with_one_assessment_per_rubric(tmp_path):
+def test_run_and_eval_trace_every_task_by_stage_with_its_question_answer_grade_and_rubrics(tmp_path):
     uri = f"sqlite:///{tmp_path}/runs.db"
     out, graded = tmp_path / "o.jsonl", tmp_path / "g.jsonl"
     with ChatServer() as server:
@@ -136,13 +144,29 @@ def test_run_and_eval_trace_every_task_by_stage_with_one_assessment_per_rubric(t
         draft = next(s for s in trace.data.spans if s.name == "draft")
         assert draft.outputs["answer"] == rows[trace.info.tags["cg_dspy.task_id"]]["trace"]["draft"]
         assert trace.data.spans[0].attributes["path"] == "early-return"
+        row = rows[trace.info.tags["cg_dspy.task_id"]]
+        # the root span holds the task and the answer: MLflow's Request and Response columns
+        assert trace.data.spans[0].inputs["messages"] == row["messages"]
+        assert trace.data.spans[0].outputs["choices"][0]["message"] == {"role": "assistant",
+                                                                         "content": row["model_output"]}
     verdicts = {x["idx"]: x for x in read_rows(graded)}
+    listed = {t.info.tags["cg_dspy.task_id"]: t.info for t in mlflow.search_traces(
+        locations=[runs["run"].info.experiment_id], run_id=runs["run"].info.run_id, return_type="list")}
     for idx, row in rows.items():
+        assert listed[idx].request_preview == row["messages"][-1]["content"][:1000]  # the task's last message
+        assert listed[idx].response_preview == row["model_output"][:1000]  # the answer
         trace = mlflow.get_trace(ids[idx])
-        assessments = sorted(trace.info.assessments, key=lambda a: a.name)
-        assert [a.name for a in assessments] == [f"R{i + 1:02d}" for i in range(len(row["rubrics"]))]
-        assert [a.value for a in assessments] == [s == "yes" for s in verdicts[idx]["requirement_status"]]
-        assert all(a.metadata["rubric"] == rubric for a, rubric in zip(assessments, row["rubrics"]))
+        statuses = verdicts[idx]["requirement_status"]
+        assert assessment(trace, "task_solved").value is (verdicts[idx]["score"] == 1)
+        assert assessment(trace, "rubric_pass_rate").value == round(statuses.count("yes") / len(statuses), 6)
+        assert assessment(trace, "rubrics").value == row["rubrics"]  # the rubrics as the expectation
+        mine = verdicts_on(trace)
+        assert [a.value for a in mine] == [s == "yes" for s in statuses]
+        assert [a.metadata["rubric"] for a in mine] == row["rubrics"]
+    # named by requirement type, so MLflow's average of a name is one type's pass rate
+    dk = verdicts_on(mlflow.get_trace(ids["demo-dk-1"]))
+    assert [a.name for a in dk] == ["requirement/conditional_rules", "requirement/other", "requirement/format_lexical",
+                                    "requirement/format_lexical"]
     # the eval run's page lists the traces it graded (they were written by the run)
     assert set(tracking.trace_ids(runs["eval"].info.run_id).values()) == set(ids.values())
 
@@ -165,11 +189,14 @@ def test_eval_of_an_untraced_results_file_traces_the_grading(tmp_path):
     rows = {x["idx"]: x for x in read_rows(graded)}
     assert rows["demo-dk-1"]["cg_dspy"]["trace"] == {"run_id": run.info.run_id}
     dk = mlflow.get_trace(tracking.trace_ids(run.info.run_id)["demo-dk-1"])
-    verdicts = {a.name: (a.value, a.rationale) for a in dk.info.assessments}
-    assert verdicts["R04"][0] is False  # the one rubric that names Brightwater
+    verdicts = [(a.value, a.rationale) for a in verdicts_on(dk)]
+    assert verdicts[3][0] is False  # the one rubric that names Brightwater
     rubric = rows["demo-dk-1"]["rubrics"][3]
-    assert verdicts["R04"][1].startswith("no closing line\n\nRequirement: " + rubric)  # what failed, in the UI
-    assert [verdicts[f"R0{i}"][0] for i in (1, 2, 3)] == [True, True, True]
+    assert verdicts[3][1].startswith("no closing line\n\nRequirement 4: " + rubric)  # what failed, in the UI
+    assert [v for v, _ in verdicts[:3]] == [True, True, True]
+    assert assessment(dk, "task_solved").value is False and assessment(dk, "rubric_pass_rate").value == 0.75
+    assert dk.info.request_preview == rows["demo-dk-1"]["messages"][-1]["content"][:1000]
+    assert dk.info.response_preview == rows["demo-dk-1"]["model_output"][:1000]  # the graded answer
     assert rows["demo-dk-1"]["requirement_status"] == ["yes", "yes", "yes", "no"]
 
 

@@ -88,7 +88,7 @@ def test_the_judge_grades_through_llama_cpp_server_in_both_protocols_and_the_ser
         llama_server, demo_run, tmp_path, protocol):
     out, r = demo_run
     assert r.returncode == 0, r.stderr
-    rows = read_rows(out)
+    rows = sorted(read_rows(out), key=lambda row: row["idx"] != "demo-dk-1")  # rows are in finishing order
     rows[0]["rubrics"] += [f"The response should mention point {i + 1} of the context." for i in range(EXTRA_RUBRICS)]
     results, graded = tmp_path / "o.jsonl", tmp_path / "g.jsonl"
     results.write_text("".join(json.dumps(row) + "\n" for row in rows))

@@ -23,6 +23,7 @@ from cg_dspy.clbench.rows import ResultRow
 from cg_dspy.clbench.runner import Outcome, execute
 from cg_dspy.clbench.store import ResultStore
 from cg_dspy.core.cost import cost_totals
+from cg_dspy.core.messages import chat_reply
 from cg_dspy.core.observe import span
 from cg_dspy.lms import lm_identity, patches, using
 
@@ -90,20 +91,21 @@ def base_row(task: Task, digest: str) -> dict:
 
 def generate_row(program: dspy.Module, task: Task, method: str, lm, draft: str | None = None) -> dict:
     """Run one task (one traced span, its stages inside when tracing is on); the row the
-    run file stores."""
+    run file stores. The span's inputs are the task and its output the answer, so a trace
+    list shows the question and the answer."""
     start = time.perf_counter()
-    with span(method, task_id=task.idx, category=task.category) as watched, using(lm):
+    row = base_row(task, input_digest(task, draft))
+    with span(method, messages=row["messages"], category=task.category, task_id=task.idx) as watched, using(lm):
         pred = program(conversation=task.messages, category=task.category, draft=draft)
         trace = {**trace_of(pred), "seconds": round(time.perf_counter() - start, 3)}
         totals = cost_totals(trace["cost"].values())
         watched.set(path=trace.get("path"), fix_set=len(pred.get("fix_set") or []),
                     protect_set=len(pred.get("protect_set") or []), calls=totals["calls"],
                     cached=totals["cached"], prompt_tokens=totals["prompt_tokens"],
-                    completion_tokens=totals["completion_tokens"], outputs={"answer": pred.answer})
+                    completion_tokens=totals["completion_tokens"], outputs=chat_reply(pred.answer))
     if watched.trace_ref:
         trace["mlflow"] = watched.trace_ref  # where this task's trace is (a trace id, or its run)
-    return {**base_row(task, input_digest(task, draft)), "model_output": pred.answer, "method": method,
-            "trace": trace}
+    return {**row, "model_output": pred.answer, "method": method, "trace": trace}
 
 
 @dataclass

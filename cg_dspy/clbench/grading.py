@@ -15,6 +15,7 @@ from cg_dspy.clbench.data import rubric_text
 from cg_dspy.clbench.runner import Outcome, execute
 from cg_dspy.clbench.store import ResultStore, row_id
 from cg_dspy.core import observe
+from cg_dspy.core.messages import chat_reply
 from cg_dspy.core.observe import span, trace_reference
 from cg_dspy.judge.verdicts import Grade, GradedTask
 from cg_dspy.judge.voting import DEFAULT_VOTES, grade
@@ -80,10 +81,12 @@ def traced_grade(row: dict, **options) -> dict:
     if ref is not None:
         graded, found = grade_row(row, **options)
     else:
-        with span("judge", task_id=row_id(row), protocol=options.get("protocol")) as watched:
+        with span("judge", messages=row.get("messages") or [], task_id=row_id(row),
+                  protocol=options.get("protocol")) as watched:
             graded, found = grade_row(row, **options)
             watched.set(score=graded["score"], satisfied=sum(s == "yes" for s in graded["requirement_status"]),
-                        requirements=len(graded["requirement_status"]))
+                        requirements=len(graded["requirement_status"]),
+                        outputs=chat_reply(row.get("model_output") or ""))
         ref = watched.trace_ref
     if ref and found is not None:
         graded["cg_dspy"]["trace"] = ref

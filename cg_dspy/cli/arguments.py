@@ -226,5 +226,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--fractions", default="0.2,0.2,0.6")
     s.add_argument("--seed", default="cg-dspy-1")
     s.add_argument("--force", action="store_true", help="replace an existing file that is not a manifest")
+    s.add_argument("--register", action="store_true",
+                   help="also register each split as an MLflow evaluation dataset (inputs: conversation, category; "
+                   "expectations: rubrics), what mlflow.genai.evaluate and MLflow's evaluation UI read")
+    s.add_argument("--experiment", default="contextguard", help="MLflow experiment of the datasets (--register)")
+    s.add_argument("--tracking-uri", help="MLflow store of the datasets (--register; env MLFLOW_TRACKING_URI; "
+                   "default sqlite:///mlflow.db)")
     discordance(s)
     return p

@@ -136,6 +136,17 @@ def split(args) -> int:
     splits = data.make_splits(loaded.tasks, fractions, seed=args.seed)
     sizes = {k: len(v) for k, v in splits.items()}
     power = _power(args, {k: n for k, n in sizes.items() if k != "train"})
+    if args.register:  # the store answers before anything is written
+        from cg_dspy import tracking
+
+        tracking.setup(args.tracking_uri, args.experiment)
     data.write_manifest(args.out, splits, seed=args.seed, source=args.tasks, force=args.force)
-    print(json.dumps({**sizes, **power}))
+    registered = {}
+    if args.register:
+        by_id = {t.idx: t for t in loaded.tasks}
+        for name, ids in splits.items():
+            if ids:
+                dataset = tracking.register_split(name, [by_id[i] for i in ids], source=f"{args.out}#{name}")
+                registered[name] = dataset.name
+    print(json.dumps({**sizes, **power, **({"datasets": registered} if registered else {})}))
     return EXIT_OK

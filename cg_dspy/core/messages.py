@@ -33,3 +33,10 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Role
     content: str
+
+
+def chat_reply(answer: str) -> dict:
+    """An answer in the shape of an OpenAI chat completion: what a task's trace gives as
+    its output, so MLflow's trace table shows the answer as the Response (and its chat
+    view renders it), as the task's `messages` show as the Request."""
+    return {"choices": [{"message": {"role": "assistant", "content": answer}}]}

@@ -21,7 +21,7 @@ class Span(Protocol):
 
     trace_ref: dict | None  # where the task's trace is, for whoever reads the row later
 
-    def set(self, outputs: dict | None = None, **attributes) -> None: ...
+    def set(self, outputs: object = None, **attributes) -> None: ...
 
 
 class Observer(Protocol):
@@ -37,7 +37,7 @@ class _Unwatched:
 
     trace_ref = None
 
-    def set(self, outputs: dict | None = None, **attributes) -> None:
+    def set(self, outputs: object = None, **attributes) -> None:
         pass
 
 

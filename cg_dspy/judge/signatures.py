@@ -11,14 +11,6 @@ from typing import Annotated, Literal
 import dspy
 from pydantic import BeforeValidator
 
-RUBRIC_TYPES = (
-    "format/lexical",
-    "procedure/agent",
-    "calc/verify/standards",
-    "conditional rules",
-    "style/audience/persona",
-)
-
 
 def _label(value: object) -> object:
     """A judge's yes/no as servers that ignore the schema write it ("Yes.", "YES", "y",

@@ -2,7 +2,7 @@
 classified once into the paper's five types (or "other") and the answer is cached beside
 the graded file it came from (`<graded>.rubric_types.json`), so a rerun makes no call.
 
-The keyword typer (`reports.analysis.rubric_type`) stays the offline default; its
+The keyword typer (`types.rubric_type`) stays the offline default; its
 agreement with hand labels of real CL-bench rubrics is measured in the tests.
 """
 
@@ -17,11 +17,10 @@ from pathlib import Path
 import dspy
 
 from cg_dspy.core.files import OutputRefused, json_kind, write
-from cg_dspy.judge.signatures import RUBRIC_TYPES, RequirementType
+from cg_dspy.judge.signatures import RequirementType
+from cg_dspy.judge.types import OTHER, RUBRIC_TYPES
 from cg_dspy.judge.voting import JudgeFailure, ask
 from cg_dspy.lms import lm_identity, using
-
-OTHER = "other"
 
 
 def cache_path(graded: str | Path) -> Path:

@@ -4,11 +4,14 @@
 - `runs`: a command's run, its params and metrics, and how it ended;
 - `traces` and `writer`: a trace per task, written by a separate process;
 - `assessments`: a graded task's verdicts on its trace;
+- `scorer`: the rubric judge as an MLflow scorer (`mlflow.genai.evaluate`);
+- `datasets`: splits as MLflow evaluation datasets;
 - `prompts`: the Prompt Registry (one prompt per stage, versions, aliases);
 - `models`: the compiled program as JSON state and as one logged model;
 - `artifacts`: the only way anything named by the registry is read.
 """
 
+from cg_dspy.tracking.datasets import log_split, register_split
 from cg_dspy.tracking.models import PROGRAM_ARTIFACT, load_program_state, log_program
 from cg_dspy.tracking.prompts import load_prompt_state, register_prompts
 from cg_dspy.tracking.runs import (
@@ -19,7 +22,6 @@ from cg_dspy.tracking.runs import (
     log_metrics,
     log_report,
     log_run_summary,
-    log_split,
     log_step,
     log_summary,
     log_text,
@@ -31,4 +33,5 @@ from cg_dspy.tracking.traces import TraceReport, find_traces, trace_ids, tracing
 __all__ = ["DEFAULT_EXPERIMENT", "DEFAULT_TRACKING_URI", "KIND_TAG", "PROGRAM_ARTIFACT", "StoreUnreachable",
            "TraceReport", "autolog", "find_traces", "load_program_state", "load_prompt_state", "log_artifacts",
            "log_comparison", "log_dict", "log_metrics", "log_program", "log_report", "log_run_summary", "log_split",
-           "log_step", "log_summary", "log_text", "register_prompts", "run", "setup", "trace_ids", "tracing"]
+           "log_step", "log_summary", "log_text", "register_prompts", "register_split", "run", "setup", "trace_ids",
+           "tracing"]

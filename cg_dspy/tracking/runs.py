@@ -4,7 +4,6 @@ each run ended: FINISHED, FAILED, or KILLED when it was stopped early."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from contextlib import contextmanager
@@ -146,17 +145,6 @@ def log_dict(value: dict, artifact_file: str) -> None:
 
 def log_artifacts(directory: str | Path, artifact_path: str) -> None:
     mlflow().log_artifacts(str(directory), artifact_path)
-
-
-def log_split(name: str, tasks, source: str) -> None:
-    """A split as a run input (MLflow dataset): one row per task, with a digest."""
-    import pandas as pd
-
-    frame = pd.DataFrame([{"task_id": t.idx, "context_id": t.metadata.context_id, "category": t.category,
-                           "sub_category": t.metadata.sub_category, "rubrics": len(t.rubrics)} for t in tasks])
-    digest = hashlib.sha256(frame.to_json().encode()).hexdigest()[:16]
-    mlflow().log_input(mlflow().data.from_pandas(frame, source=source, name=f"{name} ({source})", digest=digest),
-                       context=name)
 
 
 @contextmanager

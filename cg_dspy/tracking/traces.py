@@ -87,7 +87,7 @@ class _Span:
         self.live = live
         self.trace_ref = {"trace_id": live.trace_id}
 
-    def set(self, outputs: dict | None = None, **attributes) -> None:
+    def set(self, outputs: object = None, **attributes) -> None:
         if outputs is not None:
             self.live.set_outputs(outputs)
         self.live.set_attributes({k: v for k, v in attributes.items() if v is not None})
@@ -114,7 +114,7 @@ class _Recorded:
         self.node = node
         self.trace_ref = {"run_id": run_id}
 
-    def set(self, outputs: dict | None = None, **attributes) -> None:
+    def set(self, outputs: object = None, **attributes) -> None:
         if outputs is not None:
             self.node["outputs"] = outputs
         self.node["attributes"].update({k: v for k, v in attributes.items() if v is not None})

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from cg_dspy.clbench.data import LENGTH_BINS
 from cg_dspy.core import files
-from cg_dspy.judge.signatures import RUBRIC_TYPES
+from cg_dspy.judge.types import RUBRIC_TYPES
 from cg_dspy.reports import statistics
 from cg_dspy.reports.analysis import NEAR_MISS_BINS
 from cg_dspy.reports.report import Rate, Report

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from cg_dspy.clbench.data import LENGTH_BINS  # noqa: E402
 from cg_dspy.core import files  # noqa: E402
 from cg_dspy.core.messages import CATEGORIES  # noqa: E402
-from cg_dspy.judge.signatures import RUBRIC_TYPES  # noqa: E402
+from cg_dspy.judge.types import RUBRIC_TYPES  # noqa: E402
 from cg_dspy.method.program import ABLATIONS  # noqa: E402
 from cg_dspy.reports.analysis import NEAR_MISS_BINS  # noqa: E402
 from cg_dspy.reports.report import Comparison, Rate, Report  # noqa: E402

@@ -1,0 +1,95 @@
+"""MLflow's evaluation tools read our results: the rubric judge as a scorer that
+`mlflow.genai.evaluate` runs, on splits registered as MLflow evaluation datasets."""
+
+import json
+
+import mlflow
+import pytest
+from conftest import DATA, cli
+from mlflow.genai.datasets import search_datasets
+
+from cg_dspy import Baseline, rubric_scorer
+from cg_dspy.clbench.data import load_tasks
+from cg_dspy.judge.voting import judge_lm
+from cg_dspy.lms import LMSettings, build_lm, using
+from cg_dspy.testing.server import ChatServer
+from cg_dspy.tracking import register_split, setup
+
+TASKS = load_tasks(DATA / "demo.jsonl").tasks
+FAILS = {"Brightwater": "demo-dk-1", "6 life": "demo-rs-1"}  # the judge says no to the rubric naming these
+
+
+def failing_judge(server) -> None:
+    for text in FAILS:
+        server.inject("text", text=json.dumps({"reason": "not there", "satisfaction_status": "no"}), match=text,
+                      times=1000)
+
+
+def known_rates() -> tuple[float, float]:
+    """The task-solving rate and the mean rubric pass rate the judge above must give,
+    counted from the task files."""
+    fractions = [sum(not any(t in r for t in FAILS) for r in task.rubrics) / len(task.rubrics) for task in TASKS]
+    return sum(f == 1 for f in fractions) / len(TASKS), sum(fractions) / len(TASKS)
+
+
+def test_genai_evaluate_with_the_rubric_scorer_on_a_registered_split_gives_the_known_rates(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    setup(f"sqlite:///{tmp_path}/m.db", "cg-eval")
+    dataset = register_split("dev", TASKS, source="demo.jsonl#dev")
+    assert register_split("dev", TASKS, source="again").dataset_id == dataset.dataset_id  # found, not made twice
+    program = Baseline()
+    with ChatServer() as server:
+        failing_judge(server)
+        settings = LMSettings(model="openai/test-model", api_base=server.base_url, cache=False)
+        lm = build_lm(settings)
+
+        def answer(conversation, category):
+            with using(lm):
+                return program(conversation=conversation, category=category).answer
+
+        result = mlflow.genai.evaluate(data=dataset, predict_fn=answer,
+                                       scorers=[rubric_scorer(judge_lm=judge_lm(settings), votes=3)])
+    solved, passed = known_rates()
+    assert (solved, passed) == (0.5, 0.875)
+    assert result.metrics["task_solved/mean"] == pytest.approx(solved)
+    assert result.metrics["rubric_pass_rate/mean"] == pytest.approx(passed)
+    traces = mlflow.search_traces(run_id=result.run_id, return_type="list")
+    assert len(traces) == len(TASKS)  # one per task: the judge's own calls are not traces
+    by_question = {t.info.request_preview: t for t in traces}
+    dk = next(t for q, t in by_question.items() if "Zorvan" in q)  # the question, as the trace table shows it
+    feedback = {a.name: a for a in dk.info.assessments}
+    assert feedback["task_solved"].value is False and feedback["rubric_pass_rate"].value == 0.75
+    assert "Requirement 4: no (not there)" in feedback["task_solved"].rationale  # the verdicts, in the rationale
+
+
+def test_the_scorer_names_a_row_without_rubrics_and_reads_every_answer_shape():
+    with ChatServer() as server:
+        scorer = rubric_scorer(judge_lm=build_lm(LMSettings(model="openai/test-model", api_base=server.base_url)),
+                               votes=1)
+        with pytest.raises(ValueError, match=r"task t-7: expectations\['rubrics'\] must be a non-empty list"):
+            scorer(inputs={"task_id": "t-7"}, outputs="an answer", expectations={"rubric": ["typo"]})
+        with pytest.raises(ValueError, match="the row whose last message starts 'Say hi'"):
+            scorer(inputs={"conversation": [{"role": "user", "content": "Say hi"}]}, outputs="hi", expectations={})
+        shapes = ["an answer", {"answer": "an answer"}, type("Prediction", (), {"answer": "an answer"})()]
+        for outputs in shapes:
+            found = {f.name: f.value for f in scorer(inputs={}, outputs=outputs,
+                                                       expectations={"rubrics": ["The response should exist."]})}
+            assert found == {"task_solved": True, "rubric_pass_rate": 1.0}
+        with pytest.raises(ValueError, match="outputs hold no answer"):
+            scorer(inputs={}, outputs={"text": 1}, expectations={"rubrics": ["r"]})
+    with pytest.raises(ValueError, match="an odd K"):
+        rubric_scorer(judge_lm=None, votes=2)
+
+
+def test_split_register_makes_each_split_an_evaluation_dataset_with_its_size(tmp_path):
+    uri = f"sqlite:///{tmp_path}/m.db"
+    r = cli("split", str(DATA / "tasks.jsonl"), "--out", str(tmp_path / "s.json"), "--fractions", "0.34,0.33,0.33",
+            "--register", "--tracking-uri", uri, "--experiment", "cg-split")
+    assert r.returncode == 0, r.stderr
+    printed = json.loads(r.stdout)
+    setup(uri, "cg-split")
+    found = {d.tags["split"]: d for d in search_datasets(filter_string="name LIKE 'contextguard.%'")}
+    assert set(found) == {"train", "dev", "test"} and printed["datasets"] == {k: d.name for k, d in found.items()}
+    assert {k: len(d.to_df()) for k, d in found.items()} == {k: printed[k] for k in found}
+    record = found["dev"].to_df().iloc[0]
+    assert set(record["inputs"]) == {"conversation", "category"} and record["expectations"]["rubrics"]
