@@ -145,6 +145,11 @@ def test_run_and_eval_trace_every_task_by_stage_with_its_question_answer_grade_a
         assert draft.outputs["answer"] == rows[trace.info.tags["cg_dspy.task_id"]]["trace"]["draft"]
         assert trace.data.spans[0].attributes["path"] == "early-return"
         row = rows[trace.info.tags["cg_dspy.task_id"]]
+        # the stages' tokens add up to the trace's usage (MLflow's Tokens column)
+        stages = row["trace"]["cost"].values()
+        prompt, completion = sum(c["prompt_tokens"] for c in stages), sum(c["completion_tokens"] for c in stages)
+        assert prompt > 0 and trace.info.token_usage == {"input_tokens": prompt, "output_tokens": completion,
+                                                         "total_tokens": prompt + completion}
         # the root span holds the task and the answer: MLflow's Request and Response columns
         assert trace.data.spans[0].inputs["messages"] == row["messages"]
         assert trace.data.spans[0].outputs["choices"][0]["message"] == {"role": "assistant",

@@ -153,6 +153,8 @@ def _stored_trace(node: dict) -> tuple[str, str | None, list]:
             attributes["mlflow.spanInputs"] = node["inputs"]
         if node["outputs"] is not None:
             attributes["mlflow.spanOutputs"] = node["outputs"]
+        if not node["children"] and "prompt_tokens" in node["attributes"]:  # a stage: its LM tokens
+            attributes["mlflow.chat.tokenUsage"] = token_usage(node["attributes"])
         spans.append(Span.from_dict({
             "trace_id": encoded, "span_id": span_id, "parent_span_id": parent, "name": node["name"],
             "start_time_unix_nano": node["start"], "end_time_unix_nano": node["end"], "events": [],
@@ -164,3 +166,10 @@ def _stored_trace(node: dict) -> tuple[str, str | None, list]:
 
     add(node, None)
     return trace_id, None if task is None else str(task), spans
+
+
+def token_usage(attributes: dict) -> dict[str, int]:
+    """A stage's tokens as MLflow's token-usage attribute: the store adds the stages up
+    into the trace's usage, which the trace table's Tokens column shows."""
+    prompt, completion = int(attributes.get("prompt_tokens") or 0), int(attributes.get("completion_tokens") or 0)
+    return {"input_tokens": prompt, "output_tokens": completion, "total_tokens": prompt + completion}
