@@ -93,3 +93,53 @@ def test_split_register_makes_each_split_an_evaluation_dataset_with_its_size(tmp
     assert {k: len(d.to_df()) for k, d in found.items()} == {k: printed[k] for k in found}
     record = found["dev"].to_df().iloc[0]
     assert set(record["inputs"]) == {"conversation", "category"} and record["expectations"]["rubrics"]
+
+
+def test_rubrics_and_reasons_of_any_size_and_script_arrive_whole_or_clipped_with_a_mark(tmp_path):
+    from conftest import assessment, verdicts_on
+
+    from cg_dspy.clbench.store import read_rows
+    from cg_dspy.tracking import find_traces
+    from cg_dspy.tracking.assessments import CLIPPED, MAX_TEXT
+
+    out, edited, graded = tmp_path / "o.jsonl", tmp_path / "e.jsonl", tmp_path / "g.jsonl"
+    long_rubric = "The response should **quote** the table:\n| 列 | колонка |\n" + "данные 数据 " * 1000
+    reason = "第一行\nвторая строка\n- a Markdown item"
+    with ChatServer() as server:
+        lm = ["--model", "openai/test-model", "--api-base", server.base_url, "--no-cache", "--quiet"]
+        assert cli("run", str(DATA / "demo.jsonl"), "--out", str(out), "--method", "baseline", "--no-track",
+                   *lm).returncode == 0
+        rows = read_rows(out)
+        dk = next(r for r in rows if r["idx"] == "demo-dk-1")
+        dk["rubrics"] = [long_rubric, dk["rubrics"][1]]
+        edited.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        server.inject("text", text=json.dumps({"reason": reason, "satisfaction_status": "no"}, ensure_ascii=False),
+                      match="колонка", times=100)
+        r = cli("eval", str(edited), "--out", str(graded), "--judge-model", "openai/test-model", "--judge-api-base",
+                server.base_url, "--no-cache", "--quiet", "--tracking-uri", f"sqlite:///{tmp_path}/m.db")
+        assert r.returncode == 0, r.stderr
+    setup(f"sqlite:///{tmp_path}/m.db", create=False)
+    run = mlflow.search_runs(experiment_names=["contextguard"], output_format="list")[0]
+    trace = next(t for t in find_traces(run.info.run_id) if t.info.tags["cg_dspy.task_id"] == "demo-dk-1")
+    clipped = long_rubric[: MAX_TEXT - len(CLIPPED)] + CLIPPED
+    assert len(long_rubric) > MAX_TEXT and assessment(trace, "rubrics").value == [clipped, dk["rubrics"][1]]
+    first = verdicts_on(trace)[0]
+    assert first.metadata["rubric"] == clipped and first.value is False
+    assert first.rationale.startswith(reason + "\n\nRequirement 1: The response should **quote** the table:\n| 列 |")
+
+
+def test_verdicts_for_traces_in_another_store_are_skipped_in_one_line_and_the_grading_stands(tmp_path):
+    out, graded = tmp_path / "o.jsonl", tmp_path / "g.jsonl"
+    with ChatServer() as server:
+        lm = ["--model", "openai/test-model", "--api-base", server.base_url, "--no-cache", "--quiet"]
+        assert cli("run", str(DATA / "demo.jsonl"), "--out", str(out), "--method", "baseline", "--tracking-uri",
+                   f"sqlite:///{tmp_path}/a.db", *lm).returncode == 0
+        r = cli("eval", str(out), "--out", str(graded), "--judge-model", "openai/test-model", "--judge-api-base",
+                server.base_url, "--no-cache", "--quiet", "--tracking-uri", f"sqlite:///{tmp_path}/b.db")
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stderr.splitlines() if "verdicts" in line]
+    assert said == ["contextguard: the verdicts of 4 of 4 graded tasks were not stored in MLflow (the graded "
+                    "task's trace is not in this store)"]
+    from cg_dspy.clbench.store import read_rows
+
+    assert sorted(r["idx"] for r in read_rows(graded)) == sorted(t.idx for t in TASKS)

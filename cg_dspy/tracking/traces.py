@@ -77,7 +77,8 @@ class TraceReport:
         why = f" ({self.problem})" if self.problem else ""
         if not self.traced:
             return f"this run is not traced{why}"
-        return f"{' and '.join(lost)} were not stored in MLflow{why}; their rows point to no trace"
+        rows = "; their rows point to no trace" if self.lost else ""  # lost verdicts: the rows keep their trace
+        return f"{' and '.join(lost)} were not stored in MLflow{why}{rows}"
 
 
 class _Span:
