@@ -58,7 +58,6 @@ class OptimizeResult:
     test: dict | None = None
     candidates: list[Candidate] = field(default_factory=list)
     gepa: dict | None = None  # GEPA's candidates and Pareto front
-    extra: dict = field(default_factory=dict)
 
     @property
     def dev_change(self) -> dict:

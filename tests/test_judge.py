@@ -85,7 +85,10 @@ def test_failed_generation_is_unsolved_without_judge_calls():
     lm, engine = scripted_lm({})
     graded, grade = grade_row({"idx": "x", "model_output": "", "rubrics": ["a", "b", "c"], "error": "timeout"},
                               protocol="rubric", judge_lm=lm)
-    assert engine.calls == [] and grade is None and graded["requirement_status"] == ["no"] * 3 and graded["score"] == 0
+    assert engine.calls == [] and not grade.solved and grade.pass_rate == 0.0
+    assert [(v.rubric, v.status, v.reason) for v in grade.verdicts] == [(r, "no", "No usable model output (timeout)")
+                                                                       for r in ("a", "b", "c")]
+    assert graded["requirement_status"] == ["no"] * 3 and graded["score"] == 0
     assert "timeout" in graded["grading_rationale"]
 
 

@@ -143,3 +143,37 @@ def test_verdicts_for_traces_in_another_store_are_skipped_in_one_line_and_the_gr
     from cg_dspy.clbench.store import read_rows
 
     assert sorted(r["idx"] for r in read_rows(graded)) == sorted(t.idx for t in TASKS)
+
+
+def test_a_task_whose_generation_failed_is_unsolved_on_its_trace_too(tmp_path):
+    """MLflow's mean of task_solved over traces is the task-solving rate only if failed
+    tasks are on it as unsolved."""
+    from conftest import assessment, verdicts_on
+
+    from cg_dspy.clbench.store import read_rows
+    from cg_dspy.tracking import find_traces
+
+    out, edited, graded = tmp_path / "o.jsonl", tmp_path / "e.jsonl", tmp_path / "g.jsonl"
+    with ChatServer() as server:
+        lm = ["--model", "openai/test-model", "--api-base", server.base_url, "--no-cache", "--quiet"]
+        assert cli("run", str(DATA / "demo.jsonl"), "--out", str(out), "--method", "baseline", "--no-track",
+                   *lm).returncode == 0
+        rows = read_rows(out)
+        failed = next(r for r in rows if r["idx"] == "demo-pt-1")
+        failed.update(model_output="", error="ReadTimeout: no reply")
+        edited.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        r = cli("eval", str(edited), "--out", str(graded), "--judge-model", "openai/test-model", "--judge-api-base",
+                server.base_url, "--no-cache", "--quiet", "--tracking-uri", f"sqlite:///{tmp_path}/m.db")
+        assert r.returncode == 0, r.stderr
+        judged = [b for b in server.requests
+                  if "satisfaction_status" in json.dumps(b) and failed["rubrics"][0] in b["messages"][-1]["content"]]
+        assert len([b for b in server.requests if "satisfaction_status" in json.dumps(b)]) > 0  # others were judged
+    setup(f"sqlite:///{tmp_path}/m.db", create=False)
+    run = mlflow.search_runs(experiment_names=["contextguard"], output_format="list")[0]
+    traces = {t.info.tags["cg_dspy.task_id"]: t for t in find_traces(run.info.run_id)}
+    assert set(traces) == {t.idx for t in TASKS}
+    pt = traces["demo-pt-1"]
+    assert assessment(pt, "task_solved").value is False and assessment(pt, "rubric_pass_rate").value == 0.0
+    assert [(a.value, a.rationale.split("\n")[0]) for a in verdicts_on(pt)] == \
+        [(False, "No usable model output (ReadTimeout: no reply)")] * len(failed["rubrics"])
+    assert judged == []  # graded without asking the judge

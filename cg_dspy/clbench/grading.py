@@ -17,7 +17,7 @@ from cg_dspy.clbench.store import ResultStore, row_id
 from cg_dspy.core import observe
 from cg_dspy.core.messages import chat_reply
 from cg_dspy.core.observe import span, trace_reference
-from cg_dspy.judge.verdicts import Grade, GradedTask
+from cg_dspy.judge.verdicts import Grade, GradedTask, Verdict
 from cg_dspy.judge.voting import DEFAULT_VOTES, grade
 from cg_dspy.lms import lm_identity, patches
 
@@ -54,14 +54,14 @@ def unsolved(row: dict, protocol: str, rationale: str) -> dict:
 def grade_row(row: dict, *, protocol: str, judge_lm, votes: int = DEFAULT_VOTES, early_stop: bool = True,
               pool: ThreadPoolExecutor | None = None) -> tuple[dict, Grade | None]:
     """The official graded row for one result row, plus each requirement's votes and reason,
-    and the grade itself (typed; None when nothing was judged). A missing or failed
-    generation is graded without any judge call: every requirement unsatisfied, score 0."""
+    and the grade itself (typed). A missing or failed generation is graded without any
+    judge call: every requirement unsatisfied, score 0 (and so on its trace)."""
     output = row.get("model_output") or ""
-    if row.get("error") or not output.strip():
-        reason = row.get("error") or "empty model output"
-        return unsolved(row, protocol, f"No usable model output ({reason}); every requirement counts as "
-                                       "unsatisfied."), None
     rubrics = [str(rubric_text(r)) for r in row.get("rubrics") or []]
+    if row.get("error") or not output.strip():
+        reason = f"No usable model output ({row.get('error') or 'empty model output'})"
+        graded = unsolved(row, protocol, f"{reason}; every requirement counts as unsatisfied.")
+        return graded, Grade([Verdict(r, "no", (), reason) for r in rubrics], protocol, graded["grading_rationale"])
     found = grade(output, rubrics, judge_lm=judge_lm, protocol=protocol, votes=votes, early_stop=early_stop,
                   pool=pool)
     graded = {**_graded(row, protocol), "requirement_status": found.statuses, "grading_rationale": found.rationale,
@@ -88,10 +88,9 @@ def traced_grade(row: dict, **options) -> dict:
                         requirements=len(graded["requirement_status"]),
                         outputs=chat_reply(row.get("model_output") or ""))
         ref = watched.trace_ref
-    if ref and found is not None:
+    if ref:
         graded["cg_dspy"]["trace"] = ref
-        observe.graded(GradedTask(row_id(row), ref, found.verdicts, getattr(options.get("judge_lm"), "model", "judge"),
-                                  found.solved))
+        observe.graded(GradedTask(row_id(row), ref, found.verdicts, getattr(options.get("judge_lm"), "model", "judge")))
     return graded
 
 
@@ -100,7 +99,6 @@ def running_tsr(rows: list[dict]) -> dict:
     graded = [r for r in rows if not r.get("error")]
     solved = sum(r.get("score", 0) for r in graded)
     return {"TSR": f"{100 * solved / len(graded):.1f}%" if graded else "-"}
-
 
 
 def grade_settings(*, protocol: str, votes: int, early_stop: bool, judge_lm) -> dict:

@@ -25,6 +25,16 @@ class Verdict:
                    str(value.get("reason") or ""))
 
 
+def all_satisfied(verdicts: list[Verdict]) -> bool:
+    """CL-bench's rule: a task is solved only when every requirement is satisfied."""
+    return bool(verdicts) and all(v.status == "yes" for v in verdicts)
+
+
+def pass_rate(verdicts: list[Verdict]) -> float:
+    """The fraction of requirements satisfied (0 without any)."""
+    return sum(v.status == "yes" for v in verdicts) / len(verdicts) if verdicts else 0.0
+
+
 @dataclass(frozen=True)
 class Grade:
     """One answer graded against its rubrics (a task is solved only when every
@@ -37,7 +47,11 @@ class Grade:
 
     @property
     def solved(self) -> bool:
-        return bool(self.verdicts) and all(v.status == "yes" for v in self.verdicts)
+        return all_satisfied(self.verdicts)
+
+    @property
+    def pass_rate(self) -> float:
+        return pass_rate(self.verdicts)
 
     @property
     def statuses(self) -> list[str]:
@@ -52,4 +66,3 @@ class GradedTask:
     trace_ref: dict | None
     verdicts: list[Verdict] = field(default_factory=list)
     judge: str = "judge"
-    solved: bool = False

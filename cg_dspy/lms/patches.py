@@ -91,7 +91,6 @@ def memoize_model_metadata() -> None:
             module.model_info = model_info
 
 
-
 def no_straggler_resubmission() -> None:
     """Never send an example again while its first run may still be generating.
 

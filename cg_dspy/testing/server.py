@@ -29,7 +29,6 @@ from cg_dspy.optimize.plausible import PlausibleModel, default_reply
 Realistic = PlausibleModel  # `ChatServer(reply=Realistic(salt))`: replies that cost what a real model's do
 
 
-
 @dataclass
 class Fault:
     """One injected fault, used by the next request(s) it matches."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from cg_dspy.judge.types import OTHER, rubric_type
-from cg_dspy.judge.verdicts import Verdict
+from cg_dspy.judge.verdicts import Verdict, all_satisfied, pass_rate
 
 MARK = "cg_dspy.verdict"  # metadata key on each assessment of ours
 MAX_TEXT = 8000  # characters of a rubric or reason kept; longer ones end with CLIPPED
@@ -37,10 +37,6 @@ def requirement_name(rubric: str) -> str:
     """The assessment name of a requirement's verdict: its type, as a metric-safe name."""
     kind = rubric_type(rubric) or OTHER
     return "requirement/" + re.sub(r"[^a-z0-9]+", "_", kind.lower()).strip("_")
-
-
-def pass_rate(verdicts: list[Verdict]) -> float:
-    return sum(v.status == "yes" for v in verdicts) / len(verdicts) if verdicts else 0.0
 
 
 def replace_verdicts(trace_id: str, verdicts: list[Verdict], judge: str) -> int:
@@ -60,7 +56,7 @@ def replace_verdicts(trace_id: str, verdicts: list[Verdict], judge: str) -> int:
     mlflow.log_expectation(trace_id=trace_id, name=RUBRICS, value=[clip(v.rubric) for v in verdicts],
                            source=AssessmentSource(source_type="HUMAN", source_id="CL-bench"),
                            metadata={MARK: RUBRICS})
-    mlflow.log_feedback(trace_id=trace_id, name=TASK_SOLVED, value=bool(verdicts) and satisfied == len(verdicts),
+    mlflow.log_feedback(trace_id=trace_id, name=TASK_SOLVED, value=all_satisfied(verdicts),
                         source=source, rationale=summary, metadata={MARK: TASK_SOLVED})
     mlflow.log_feedback(trace_id=trace_id, name=PASS_RATE, value=round(pass_rate(verdicts), 6), source=source,
                         rationale=summary, metadata={MARK: PASS_RATE})

@@ -14,7 +14,7 @@ averages them into `task_solved/mean` (the task-solving rate as a fraction) and
 from __future__ import annotations
 
 from cg_dspy.judge.voting import DEFAULT_VOTES, PROTOCOLS, grade
-from cg_dspy.tracking.assessments import PASS_RATE, RUBRICS, TASK_SOLVED, pass_rate
+from cg_dspy.tracking.assessments import PASS_RATE, RUBRICS, TASK_SOLVED
 
 NAME = "cg_rubric_judge"
 
@@ -75,7 +75,7 @@ def rubric_scorer(*, judge_lm, votes: int = DEFAULT_VOTES, protocol: str = "rubr
             found = grade(answer_of(outputs), rubrics, judge_lm=judge_lm, protocol=protocol, votes=votes,
                           early_stop=early_stop)
         return [Feedback(name=TASK_SOLVED, value=found.solved, rationale=found.rationale, source=source),
-                Feedback(name=PASS_RATE, value=round(pass_rate(found.verdicts), 6), rationale=found.rationale,
+                Feedback(name=PASS_RATE, value=round(found.pass_rate, 6), rationale=found.rationale,
                          source=source)]
 
     return judged

@@ -213,7 +213,7 @@ class TraceWriter:
             return
         with self._lock:
             self.report.verdicts_sent += 1
-        self._queue.put({"graded": {"task_id": task.task_id, "trace": task.trace_ref, "solved": task.solved,
+        self._queue.put({"graded": {"task_id": task.task_id, "trace": task.trace_ref,
                                     "verdicts": [v.as_json() for v in task.verdicts]}, "judge": task.judge})
 
     def close(self) -> TraceReport:
