@@ -39,6 +39,8 @@ def test_run_eval_report_against_an_openai_compatible_server(tmp_path):
         r = cli("eval", str(out), "--out", str(graded), "--votes", "3", *judge_remote(server), "--no-cache",
                 "--quiet")
         assert r.returncode == 0, r.stderr
+        said = json.loads(r.stdout)  # the rate with its Wilson interval (4 of 4)
+        assert (said["solved"], said["task_solving_rate"], said["task_solving_rate_ci95"]) == (4, 100.0, [51.01, 100.0])
         g = read_rows(graded)
         assert len(g) == 4 and all(x["score"] == 1 and set(x["requirement_status"]) == {"yes"} for x in g)
         assert all(len(v) == 2 for x in g for v in x["votes"])  # 2 agreeing votes decide K=3
