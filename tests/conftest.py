@@ -23,6 +23,43 @@ LONGEST_FIRST = ("test_real_server.py", "test_round3_tracing.py", "test_optimize
                  "test_mlflow.py", "test_optimize.py", "test_faults.py", "test_cli.py", "test_statistics.py")
 
 
+def pytest_configure(config):
+    _new_stores_from_a_template()
+
+
+def _new_stores_from_a_template():
+    """A new MLflow sqlite store is a copy of one MLflow migrated at the start of the
+    session, not a fresh migration: the same tables, rows and schema revision (MLflow
+    verifies it on every open), without the second of CPU a migration costs, which a
+    suite that opens some two hundred stores paid for minutes. In this process only; a
+    command started as a real process migrates its own store as a user's does."""
+    import sqlite3
+    import tempfile
+    import threading
+
+    import mlflow.store.db.utils as db_utils
+    import mlflow.store.model_registry.sqlalchemy_store as registry_store
+    import sqlalchemy
+
+    migrate, lock, template = db_utils._initialize_tables, threading.Lock(), []
+
+    def initialize(engine):
+        if engine.url.get_backend_name() != "sqlite" or engine.url.database in (None, "", ":memory:"):
+            return migrate(engine)
+        with lock:
+            if not template:
+                template.append(Path(tempfile.mkdtemp(prefix="mlflow-template-")) / "mlflow.db")
+                migrate(sqlalchemy.create_engine(f"sqlite:///{template[0]}"))
+            source, target = sqlite3.connect(template[0]), engine.raw_connection()
+            try:
+                source.backup(target.driver_connection)
+            finally:
+                target.close()
+                source.close()
+
+    db_utils._initialize_tables = registry_store._initialize_tables = initialize
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))

@@ -3,6 +3,7 @@ with spans named by stage and its verdicts as assessments, honest run pages, and
 logged model that both MLflow loaders open."""
 
 import json
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -98,6 +99,9 @@ def test_each_optimize_run_logs_one_model_with_a_signature_that_both_loaders_ope
     uri = next(m.model_uri for m in models if m.source_run_id == result.run_id)
     info = mlflow.models.get_model_info(uri)
     assert info.signature is not None and {i.name for i in info.signature.inputs} == {"conversation", "category"}
+    requirements = Path(mlflow.pyfunc.get_model_dependencies(uri)).read_text().split()
+    from importlib.metadata import version
+    assert requirements == [f"{d}=={version(d)}" for d in ("cg-dspy", "dspy", "mlflow")]  # pinned, not inferred
     loaded = mlflow.dspy.load_model(uri)
     mlflow.clear_active_model()
     assert loaded.audit.signature.instructions == result.program.audit.signature.instructions

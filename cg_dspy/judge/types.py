@@ -8,6 +8,7 @@ the other way to type a rubric.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 RUBRIC_TYPES = (
     "format/lexical",
@@ -38,11 +39,16 @@ _TYPE_CUES = {
     r"everyday language|accessible|sound confident|sadness|acknowledge|\bAI\b|advanced knowledge|"
     r"you are an? |simple to complex|assistant that",
 }
-_CUE_RE = {t: re.compile(p, re.IGNORECASE) for t, p in _TYPE_CUES.items()}
+# Matched against the lowercased rubric: four times faster than re.IGNORECASE, which a
+# paper-sized report (45,000 rubrics per method) felt as seconds.
+_CUE_RE = {t: re.compile(p.lower()) for t, p in _TYPE_CUES.items()}
 
 
+@lru_cache(maxsize=65536)
 def rubric_type(rubric: str) -> str | None:
-    """The requirement type a rubric tests, by keyword cues (None when no cue matches)."""
+    """The requirement type a rubric tests, by keyword cues (None when no cue matches).
+    Cached: every method's file of a comparison carries the same rubrics."""
+    rubric = rubric.lower()
     hits = {t: len(_CUE_RE[t].findall(rubric)) for t in RUBRIC_TYPES}
     best = max(RUBRIC_TYPES, key=lambda t: hits[t])
     return best if hits[best] else None

@@ -41,8 +41,24 @@ def log_program(program, *, versions: dict | None = None, example: dict | None =
         Model.log(artifact_path=None, name=MODEL_NAME, flavor=flavor, model=program, input_example=example,
                   signature=model_signature(example) if example else None,
                   prompts=list((versions or {}).values()) or None, use_dspy_model_save=True,
-                  validate_serving_input=False)
+                  validate_serving_input=False, pip_requirements=requirements())
     mlflow.clear_active_model()  # logging makes the model "active", which would tie later metrics to it
+
+
+def requirements() -> list[str]:
+    """What loading the model needs, pinned to this process's versions: the project (its
+    own dependencies follow from it) and the two libraries the flavor loads with. Said
+    rather than inferred: MLflow infers by loading the model in a subprocess (seconds per
+    logged model) and lists whatever that happened to import, llama-cpp-python included."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    pinned = []
+    for dist in ("cg-dspy", "dspy", "mlflow"):
+        try:
+            pinned.append(f"{dist}=={version(dist)}")
+        except PackageNotFoundError:  # run from a source tree that is not installed
+            continue
+    return pinned
 
 
 def model_signature(example: dict):
