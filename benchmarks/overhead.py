@@ -18,7 +18,8 @@ import dspy
 from _common import Timer, finish, median, remote_lm, server_process
 
 from cg_dspy.clbench import generation
-from cg_dspy.clbench.data import Task, token_length
+from cg_dspy.clbench.data import Task
+from cg_dspy.clbench.lengths import token_length
 from cg_dspy.core.cost import cost_totals
 from cg_dspy.method import build_program
 

@@ -162,6 +162,7 @@ def prepare(
     ablate: tuple[str, ...] = (),
     tunable: tuple[str, ...] = DEFAULT_TUNABLE,
     layout: str = "chat",
+    policy: dict | None = None,
     threads: int = 4,
     out: str | Path | None = None,
     force: bool = False,
@@ -190,7 +191,7 @@ def prepare(
         log_dir = gepa_log_dir(out)
         if optimizer == "gepa" and (log_dir.is_symlink() or (log_dir.exists() and not log_dir.is_dir())):
             raise OutputRefused(f"{log_dir}: GEPA keeps its state there, and it is a link or a file; remove it")
-    program = build_program(method, ablate, layout=layout)
+    program = build_program(method, ablate, layout=layout, policy=policy)
     names = [n for n, _ in program.named_predictors()]
     unknown = set(tunable) - set(names)
     if unknown:

@@ -84,7 +84,7 @@ def simulated_lm(role: str, like, model: PlausibleModel, tokens: Counter, count)
 
 def token_counter():
     """Tokens of a message (cl100k_base), each distinct text counted once."""
-    from cg_dspy.clbench.data import token_length
+    from cg_dspy.clbench.lengths import token_length
 
     known: dict[str, int] = {}
     lock = threading.Lock()

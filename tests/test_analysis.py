@@ -3,7 +3,7 @@ import json
 import pytest
 from conftest import shared_file
 
-from cg_dspy.clbench.data import length_bin
+from cg_dspy.clbench.lengths import length_bin
 from cg_dspy.reports import analysis
 from cg_dspy.reports.render import markdown
 from cg_dspy.reports.runs import runs_by_label

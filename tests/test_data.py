@@ -3,7 +3,7 @@ import json
 import pytest
 from conftest import DATA, shared_file
 
-from cg_dspy.clbench import data
+from cg_dspy.clbench import data, lengths
 from cg_dspy.method.schemas import CATEGORIES
 
 
@@ -21,10 +21,10 @@ def test_project_data_files_meet_their_bounds():
     tasks = data.load_tasks(DATA / "tasks.jsonl")
     assert demo.errors == [] and tasks.errors == []
     assert sorted(t.category for t in demo.tasks) == sorted(CATEGORIES)
-    assert all(data.token_length(t.messages) < 400 and 3 <= len(t.rubrics) <= 6 for t in demo.tasks)
+    assert all(lengths.token_length(t.messages) < 400 and 3 <= len(t.rubrics) <= 6 for t in demo.tasks)
     assert len(tasks.tasks) >= 12
     assert all(sum(t.category == c for t in tasks.tasks) >= 3 for c in CATEGORIES)
-    assert all(data.token_length(t.messages) < 1500 and 4 <= len(t.rubrics) <= 10 for t in tasks.tasks)
+    assert all(lengths.token_length(t.messages) < 1500 and 4 <= len(t.rubrics) <= 10 for t in tasks.tasks)
 
 
 def good_row(tid):
@@ -87,7 +87,7 @@ def test_manifest_selects_one_split(tmp_path):
 
 
 def test_token_length_counts_cl100k_tokens_offline():
-    assert data.token_length([{"role": "user", "content": "hello world"}]) == 2
+    assert lengths.token_length([{"role": "user", "content": "hello world"}]) == 2
 
 
 def test_dataset_source_loads_through_datasets_offline(tmp_path, monkeypatch):

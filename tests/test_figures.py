@@ -10,8 +10,9 @@ from conftest import cli
 from matplotlib.container import BarContainer
 from table14 import TABLE_14, table14_rows
 
-from cg_dspy.clbench.data import LENGTH_BINS
+from cg_dspy.clbench.lengths import LENGTH_BINS
 from cg_dspy.clbench.store import OutputRefused
+from cg_dspy.core.messages import category_order
 from cg_dspy.reports import analysis
 from cg_dspy.reports.analysis import NEAR_MISS_BINS, RUBRIC_TYPES
 from cg_dspy.reports.render import html, markdown, plots, readback
@@ -53,7 +54,7 @@ def test_table14_figures_draw_the_report_numbers_without_overlapping_text(table1
     for stem, fig in figs.items():
         assert readback.overlapping_text(fig) == [], stem
     subs = [s for s in sorted(runs["baseline"]["by_sub_category"],
-                              key=lambda s: (plots.CATEGORIES.index(runs["baseline"]["by_sub_category"][s]["category"]),
+                              key=lambda s: (category_order(runs["baseline"]["by_sub_category"][s]["category"]),
                                              s))]
     assert len(subs) == 18
     for name, run in runs.items():

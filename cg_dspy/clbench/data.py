@@ -2,6 +2,9 @@
 
 Rows come from a local JSONL file in CL-bench's format or from
 `datasets.load_dataset("tencent/CL-bench")` (any local cache or offline copy works).
+CLBench-life rows (`tencent/CLBench-life`) load the same way: their categories are
+CLBench-life's own, their sub-category is `context_subcategory`, and they carry no
+`context_id` (a task is then its own context for splits).
 A bad row never stops the others: it becomes a `RowError` naming source, line, task id
 and field, and the caller decides whether to skip it or stop (`strict`).
 """
@@ -13,17 +16,25 @@ import json
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
 import pydantic
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from cg_dspy.core import files
-from cg_dspy.core.messages import CATEGORIES, Category, Message
+from cg_dspy.core.messages import Message, category_order
 
 HF_DATASET = "tencent/CL-bench"
+HF_DATASETS = (HF_DATASET, "tencent/CLBench-life")  # the family: one loader, one format
+
+
+def with_sub_category(metadata: object) -> object:
+    """Metadata whose `sub_category` is CLBench-life's `context_subcategory` when only
+    that is given."""
+    if isinstance(metadata, dict) and not metadata.get("sub_category") and metadata.get("context_subcategory"):
+        return {**metadata, "sub_category": metadata["context_subcategory"]}
+    return metadata
 
 
 def rubric_text(value: object) -> object:
@@ -37,13 +48,25 @@ RubricText = Annotated[str, BeforeValidator(rubric_text)]
 
 
 class TaskMetadata(BaseModel):
-    """CL-bench's per-task metadata; unknown keys are kept."""
+    """CL-bench's per-task metadata; unknown keys are kept. Any category is a category
+    (CLBench-life has its own three); CLBench-life names the sub-category
+    `context_subcategory` and gives no `context_id`."""
 
     model_config = ConfigDict(extra="allow")
     task_id: str = Field(min_length=1)
-    context_id: str = Field(min_length=1)
-    context_category: Category
+    context_id: str | None = Field(default=None, min_length=1)
+    context_category: str = Field(min_length=1)
     sub_category: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _life_sub_category(cls, data: object) -> object:
+        return with_sub_category(data)
+
+    @property
+    def context(self) -> str:
+        """The context a task reads: its `context_id`, or the task itself when none is given."""
+        return self.context_id or f"task:{self.task_id}"
 
 
 class Task(BaseModel):
@@ -84,10 +107,6 @@ class Task(BaseModel):
     def request(self) -> str:
         """q: the final user message, the task request."""
         return self.messages[-1].content
-
-
-LENGTH_BINS = ("0-4K", "4-8K", "8-16K", "16-32K", "32K+")
-_BIN_EDGES = (4_000, 8_000, 16_000, 32_000)
 
 
 @dataclass(frozen=True)
@@ -179,13 +198,13 @@ def _hub_rows(name: str, split: str):
 
 
 def load_tasks(source: str | os.PathLike, *, strict: bool = False) -> Loaded:
-    """Load tasks from a JSONL file, or `tencent/CL-bench[:split]` (or a dataset folder)
-    through `datasets.load_dataset`."""
+    """Load tasks from a JSONL file, or `tencent/CL-bench[:split]`,
+    `tencent/CLBench-life[:split]` (or a dataset folder) through `datasets.load_dataset`."""
     text = str(source)
     name, _, split = text.partition(":")
     if Path(text).is_file():
         loaded = validate_rows(_jsonl_rows(Path(text)), text)
-    elif name == HF_DATASET or Path(name).is_dir():
+    elif name in HF_DATASETS or Path(name).is_dir():
         # A local folder named like the dataset (or the HF cache) serves offline.
         loaded = validate_rows(_hub_rows(name, split or "train"), text)
     else:
@@ -193,45 +212,6 @@ def load_tasks(source: str | os.PathLike, *, strict: bool = False) -> Loaded:
     if strict and loaded.errors:
         raise InvalidInput(loaded.errors)
     return loaded
-
-
-# --- lengths ---------------------------------------------------------------------
-
-
-@lru_cache(maxsize=1)
-def _encoding():
-    # tiktoken's cl100k_base ships inside litellm; point tiktoken at it so nothing is fetched.
-    if "TIKTOKEN_CACHE_DIR" not in os.environ:
-        import importlib.util
-
-        spec = importlib.util.find_spec("litellm")
-        if spec and spec.origin:
-            bundled = Path(spec.origin).parent / "litellm_core_utils" / "tokenizers"
-            if bundled.is_dir():
-                os.environ["TIKTOKEN_CACHE_DIR"] = str(bundled)
-    import tiktoken
-
-    return tiktoken.get_encoding("cl100k_base")
-
-
-def token_length(messages) -> int:
-    """Tokens (tiktoken cl100k_base) over all message contents, as the paper measures."""
-    return sum(_tokens(m["content"] if isinstance(m, dict) else m.content) for m in messages)
-
-
-@lru_cache(maxsize=8192)
-def _tokens(content: str) -> int:
-    """One text's tokens, counted once: every report, figure and bench run reads the same
-    CL-bench contexts (up to 200K characters) again."""
-    return len(_encoding().encode(content, disallowed_special=()))
-
-
-def length_bin(tokens: int) -> str:
-    """Left-closed bins 0-4K, 4-8K, 8-16K, 16-32K, 32K+ (K = 1,000 tokens)."""
-    for edge, name in zip(_BIN_EDGES, LENGTH_BINS):
-        if tokens < edge:
-            return name
-    return LENGTH_BINS[-1]
 
 
 # --- splits ------------------------------------------------------------------------
@@ -246,7 +226,7 @@ def _rank(seed: str, context_id: str) -> str:
 def make_splits(
     tasks: list[Task], fractions: tuple[float, float, float] = (0.2, 0.2, 0.6), seed: str = "cg-dspy-1"
 ) -> dict[str, list[str]]:
-    """Deterministic train/dev/test task ids, grouped by context_id, stratified by category.
+    """Deterministic train/dev/test task ids, grouped by context, stratified by category.
 
     Within each category, contexts are ordered by a stable hash and dealt out so each
     split gets its fraction of that category's contexts; every task of a context goes
@@ -256,9 +236,9 @@ def make_splits(
         raise ValueError("fractions must be non-negative and sum to 1")
     contexts: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for t in tasks:
-        contexts[t.category][t.metadata.context_id].append(t.idx)
+        contexts[t.category][t.metadata.context].append(t.idx)
     splits: dict[str, list[str]] = {name: [] for name in SPLIT_NAMES}
-    for category in sorted(contexts, key=lambda c: CATEGORIES.index(c) if c in CATEGORIES else 99):
+    for category in sorted(contexts, key=category_order):
         ordered = sorted(contexts[category], key=lambda cid: _rank(seed, cid))
         n = len(ordered)
         bounds = [round(n * sum(fractions[: i + 1])) for i in range(3)]
@@ -288,7 +268,7 @@ def write_manifest(path: str | os.PathLike, splits: dict[str, list[str]], *, see
 
 def _manifest_source(source: str, manifest: Path) -> str:
     """A manifest's source: as written, else relative to the manifest or a folder above it."""
-    if Path(source).exists() or source.split(":")[0] == HF_DATASET:
+    if Path(source).exists() or source.split(":")[0] in HF_DATASETS:
         return source
     for folder in manifest.resolve().parents:
         if (folder / source).exists():

@@ -31,9 +31,10 @@ from pydantic import (
     NonNegativeFloat,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
-from cg_dspy.clbench.data import RowError, RubricText, explain
+from cg_dspy.clbench.data import RowError, RubricText, explain, with_sub_category
 from cg_dspy.core.cost import StageCost
 from cg_dspy.core.messages import Message
 
@@ -74,6 +75,11 @@ class RowMetadata(BaseModel):
     @classmethod
     def _text_id(cls, value: object) -> object:
         return str(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _life_sub_category(cls, data: object) -> object:
+        return with_sub_category(data)
 
     @field_validator("context_category", "sub_category", mode="before")
     @classmethod

@@ -4,12 +4,16 @@ checked by argparse (exit 2 before any work), and the LM settings they make."""
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 from cg_dspy.judge.voting import PROTOCOLS
 from cg_dspy.lms import DEFAULT_TIMEOUT, LMSettings
+from cg_dspy.lms.build import REASONING_EFFORTS
 from cg_dspy.lms.endpoint import STRUCTURED_OUTPUT
 from cg_dspy.method import LAYOUTS, METHODS, method_names
 from cg_dspy.method.program import ABLATIONS, MAX_ROUNDS
+from cg_dspy.method.specialists import DEFAULT_POLICY, Policy, parse_policy
 from cg_dspy.optimize.compile import DEFAULT_TUNABLE
 from cg_dspy.optimize.recipes import BUDGETS, RECIPES
 
@@ -38,6 +42,21 @@ def odd_votes(text: str) -> int:
     return value
 
 
+def policy_file(path: str) -> Policy:
+    """`--policy FILE`: a JSON object of category -> [kind, mode] (or null: no specialist),
+    laid over the paper's policy for CL-bench's four categories."""
+    try:
+        body = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"{path}: not JSON ({exc})") from None
+    try:
+        return {**DEFAULT_POLICY, **parse_policy(body, path)}
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_lm_flags(p: argparse.ArgumentParser, prefix: str = "", role: str = "task") -> None:
     env = "CG_JUDGE_" if prefix else "CG_"
     p.add_argument(f"--{prefix}model", help=f"LiteLLM model string for the {role} LM (env {env}MODEL); "
@@ -46,6 +65,9 @@ def add_lm_flags(p: argparse.ArgumentParser, prefix: str = "", role: str = "task
     p.add_argument(f"--{prefix}temperature", type=float, help=f"sampling temperature (env {env}TEMPERATURE)")
     p.add_argument(f"--{prefix}max-tokens", type=positive_int, help=f"max output tokens per call (env "
                    f"{env}MAX_TOKENS); default: the server's own (the embedded model: 384)")
+    p.add_argument(f"--{prefix}reasoning-effort", choices=REASONING_EFFORTS,
+                   help=f"sent as `reasoning_effort` to a reasoning model (vLLM, SGLang, OpenAI; env "
+                   f"{env}REASONING_EFFORT); default: not sent, the server decides")
     p.add_argument(f"--{prefix}structured-output", choices=STRUCTURED_OUTPUT, default="auto",
                    help="how typed stages ask an OpenAI-compatible server for JSON: auto tries json_schema, then "
                    "json_object with a schema, then none, and keeps what the server accepts")
@@ -67,6 +89,7 @@ def lm_settings(args, prefix: str = "") -> LMSettings:
         structured_output=getattr(args, f"{attr}structured_output"),
         item_limit=getattr(args, f"{attr}item_limit"),
         item_chars=getattr(args, f"{attr}item_chars"),
+        reasoning_effort=getattr(args, f"{attr}reasoning_effort"),
         cache=not args.no_cache,
         num_retries=args.retries,
         timeout=args.timeout,
@@ -78,11 +101,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def layout(sp):
+    def program_flags(sp):
         sp.add_argument("--layout", choices=LAYOUTS, default="chat",
                         help="chat: every stage after the draft continues the draft's chat, so a prefix-caching "
                         "server prefills only the stage's own text (default); inline: the stage is appended to "
                         "the task's last message")
+        sp.add_argument("--policy", type=policy_file, metavar="FILE",
+                        help="JSON: category -> [specialist kind, mode] (or null for none), over the paper's "
+                        "policy for CL-bench's categories; any other category runs the generic audit alone")
 
     def common(sp, judge_flags=False, task_flags=True, grading=True):
         sp.add_argument("--threads", type=positive_int, default=4, help="LM requests kept in flight (default 4)")
@@ -132,7 +158,7 @@ def parser() -> argparse.ArgumentParser:
                    "sqlite:///mlflow.db)")
     common(r)
     output(r)
-    layout(r)
+    program_flags(r)
 
     e = sub.add_parser("eval", help="judge a result file with the rubric judge")
     e.add_argument("results", help="result JSONL written by `run` (or any CL-bench results file)")
@@ -163,7 +189,7 @@ def parser() -> argparse.ArgumentParser:
     rubric_types(b)
     common(b, judge_flags=True)
     output(b)
-    layout(b)
+    program_flags(b)
 
     def tracked(sp, tracking_uri=True):
         sp.add_argument("--experiment", default="contextguard", help="MLflow experiment (default contextguard)")
@@ -210,7 +236,7 @@ def parser() -> argparse.ArgumentParser:
     discordance(o)
     common(o, judge_flags=True)
     tracked(o)
-    layout(o)
+    program_flags(o)
 
     c = sub.add_parser("compare", help="prompt versions from the Prompt Registry side by side, and the runs")
     c.add_argument("--experiment", default="contextguard")

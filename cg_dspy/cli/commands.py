@@ -19,12 +19,15 @@ from cg_dspy.core.redact import printable
 from cg_dspy.judge.voting import judge_lm
 from cg_dspy.lms import build_lm
 from cg_dspy.method import build_program
+from cg_dspy.method.specialists import dump_policy
 from cg_dspy.reports import analysis
 from cg_dspy.reports.render import markdown
 
 
 def run(args) -> int:
     tasks, errors = console.load(args.tasks, args.strict, args.shard)
+    if args.program and args.policy:
+        raise ValueError("--policy: a saved program (--program) carries its own category policy")
     if args.program:
         from cg_dspy.saved import load_program
 
@@ -35,7 +38,7 @@ def run(args) -> int:
         program = load_program(args.program, lenient=args.lenient_program)
         method = program.config()["method"]  # the saved program says what it is
     else:
-        program = build_program(args.method, args.ablate, args.max_rounds, layout=args.layout)
+        program = build_program(args.method, args.ablate, args.max_rounds, layout=args.layout, policy=args.policy)
         method = args.method
     settings = lm_settings(args)
     params = {"tasks": args.tasks, "method": method, "program": program.config(), "saved_program": args.program or "",
@@ -144,14 +147,15 @@ def bench(args) -> int:
     typer = _lm_typer(args)
     task_settings, judge_settings = lm_settings(args), lm_settings(args, "judge-")
     params = {"tasks": args.tasks, "task_count": len(tasks), "methods": methods, "protocol": args.protocol,
-              "votes": args.votes, "layout": args.layout, "task_lm": task_settings.describe(),
+              "votes": args.votes, "layout": args.layout, "policy": dump_policy(args.policy) if args.policy else "",
+              "task_lm": task_settings.describe(),
               "judge_lm": judge_settings.describe()}
     result = run_bench(tasks, methods, out_dir, tracking=console.tracking(args), params=params,
                        lm=build_lm(task_settings), judge_lm=judge_lm(judge_settings), votes=args.votes,
                        protocol=args.protocol, threads=args.threads, progress=not args.quiet,
                        early_stop=not (args.no_early_stop or args.judge_stability), force=args.force,
                        resume_anyway=args.resume_anyway, typer=typer, inputs=(console.file_input(args.tasks),),
-                       layout=args.layout, repeats=args.repeats)
+                       layout=args.layout, policy=args.policy, repeats=args.repeats)
     console.warnings(result.warnings)
     if result.report:
         if typer is not None:

@@ -3,7 +3,8 @@ the paper studies.
 
 Categories are data, not a closed set: CL-bench has four, CLBench-life three others,
 and a report groups by whatever its rows carry. `CATEGORIES` is CL-bench's four in the
-paper's order (tables and figures list them first).
+paper's order, `LIFE_CATEGORIES` CLBench-life's three; tables and figures list them in
+that order, then any other category by name (`category_order`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ CATEGORIES: tuple[str, ...] = (
     "Procedural Task Execution",
     "Empirical Discovery & Simulation",
 )
+LIFE_CATEGORIES: tuple[str, ...] = (
+    "Communication & Social Interactions",
+    "Fragmented Information & Revisions",
+    "Behavioral Records & Activity Trails",
+)
 Category = Literal[
     "Domain Knowledge Reasoning",
     "Rule System Application",
@@ -25,6 +31,13 @@ Category = Literal[
     "Empirical Discovery & Simulation",
 ]
 Role = Literal["system", "user", "assistant"]
+TASK_DELIMITER = "<|TASK|>"  # CLBench-life's single-turn rows: the context, this, then the task
+
+
+def category_order(category: str) -> tuple[int, str]:
+    """Sort key: CL-bench's four, CLBench-life's three, then the rest by name."""
+    known = (*CATEGORIES, *LIFE_CATEGORIES)
+    return (known.index(category), "") if category in known else (len(known), category)
 
 
 class Message(BaseModel):

@@ -28,6 +28,7 @@ from cg_dspy.lms.endpoint import ENDPOINT_MARK, EndpointEngine
 DEFAULT_TIMEOUT = 600.0  # seconds per request: long CL-bench answers and thinking take minutes
 ENDPOINT_PROVIDERS = ("openai", "hosted_vllm")  # LiteLLM prefixes served through EndpointEngine
 OPENAI_BASE = "https://api.openai.com/v1"
+REASONING_EFFORTS = ("low", "medium", "high")  # what vLLM, SGLang and OpenAI accept as reasoning_effort
 # Items per audit/checker list and characters per item that the output schema allows
 # a real model: room for a task with forty rubrics (the embedded model gets far less).
 REMOTE_ITEM_LIMITS = (24, 500)
@@ -47,17 +48,19 @@ class LMSettings:
     structured_output: str = "auto"
     item_limit: int | None = None
     item_chars: int | None = None
+    reasoning_effort: str | None = None  # sent as `reasoning_effort` when set; never for the embedded model
 
     @classmethod
     def from_env(cls, prefix: str = "CG_", **flags) -> LMSettings:
         """Fill unset flags from `{prefix}MODEL`, `{prefix}API_BASE`, `{prefix}TEMPERATURE`,
-        `{prefix}MAX_TOKENS`."""
+        `{prefix}MAX_TOKENS`, `{prefix}REASONING_EFFORT`."""
         env = os.environ
         values = {
             "model": env.get(f"{prefix}MODEL"),
             "api_base": env.get(f"{prefix}API_BASE"),
             "temperature": _num(env.get(f"{prefix}TEMPERATURE"), float),
             "max_tokens": _num(env.get(f"{prefix}MAX_TOKENS"), int),
+            "reasoning_effort": env.get(f"{prefix}REASONING_EFFORT") or None,
         }
         values.update({k: v for k, v in flags.items() if v is not None})
         return cls(**values)
@@ -79,6 +82,7 @@ class LMSettings:
             "api_base": self.api_base or "",
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
+            "reasoning_effort": self.reasoning_effort,
             "timeout": self.timeout,
             "structured_output": self.structured_output,
             "item_limits": list(self.item_limits),
@@ -95,6 +99,13 @@ def build_lm(settings: LMSettings, *, default_temperature: float = 0.0) -> dspy.
     temperature = default_temperature if settings.temperature is None else settings.temperature
     bounds = functools.partial(bound_schema, max_items=settings.item_limits[0], max_chars=settings.item_limits[1])
     common = {"temperature": temperature, "cache": settings.cache}
+    if settings.reasoning_effort is not None:
+        if settings.reasoning_effort not in REASONING_EFFORTS:
+            raise ValueError(f"reasoning effort {settings.reasoning_effort!r}: choose from {list(REASONING_EFFORTS)}")
+        if settings.is_local:
+            raise ValueError("--reasoning-effort: the embedded model does not reason; it is for a reasoning model "
+                             "behind --model/--api-base")
+        common["reasoning_effort"] = settings.reasoning_effort
     if settings.is_local:
         return dspy.LM(LOCAL_MODEL, engine=LlamaCppEngine(find_local_gguf(), schema_bounds=bounds),
                        max_tokens=settings.max_tokens or LOCAL_MAX_TOKENS, num_retries=0, **common)
@@ -125,6 +136,8 @@ def lm_identity(lm) -> dict:
     engine = getattr(lm, "engine", None)
     identity = {"model": getattr(lm, "model", str(lm)), "temperature": kwargs.get("temperature"),
                 "max_tokens": kwargs.get("max_tokens") or kwargs.get("max_completion_tokens")}
+    if kwargs.get("reasoning_effort"):  # only when sent, so files written before it still resume
+        identity["reasoning_effort"] = kwargs["reasoning_effort"]
     if hasattr(engine, "describe"):
         identity.update(engine.describe())
     elif kwargs.get("api_base"):

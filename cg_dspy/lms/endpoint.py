@@ -81,7 +81,8 @@ class EndpointEngine:
     """`complete(Request) -> Response` against one OpenAI-compatible endpoint."""
 
     supports_response_schema = True
-    supported_params = frozenset({"temperature", "max_tokens", "response_format", "seed", "top_p", "stop"})
+    supported_params = frozenset({"temperature", "max_tokens", "response_format", "seed", "top_p", "stop",
+                                  "reasoning_effort"})
 
     def __init__(self, model_id: str, base_url: str, *, api_key: str, timeout: float,
                  dialect: str = "vllm", structured_output: str = "auto", schema_bounds=None):

@@ -10,12 +10,10 @@ from dataclasses import dataclass, field
 
 import dspy
 
-from cg_dspy.core.messages import CATEGORIES
 from cg_dspy.method import specialists
 from cg_dspy.method.baselines import Baseline, SelfRefine
 from cg_dspy.method.guard import MIN_LENGTH_RATIO
 from cg_dspy.method.program import ABLATIONS, DEFAULT_LAYOUT, LAYOUTS, MAX_ROUNDS, ContextGuard
-from cg_dspy.method.specialists import SpecialistPolicy
 
 METHODS = ("baseline", "self-refine", "contextguard")
 KEYS = ("method", "ablate", "max_rounds", "min_length_ratio", "policy", "layout")
@@ -38,7 +36,7 @@ class ProgramConfig:
     ablate: tuple[str, ...] = ()
     max_rounds: int = 1
     min_length_ratio: float = MIN_LENGTH_RATIO
-    policy: dict[str, SpecialistPolicy] | None = field(default=None, hash=False)
+    policy: specialists.Policy | None = field(default=None, hash=False)
     layout: str = DEFAULT_LAYOUT
 
     def dump(self) -> dict:
@@ -47,7 +45,7 @@ class ProgramConfig:
             return {"method": "baseline"}
         if self.method == "self-refine":
             return {"method": "self-refine", "layout": self.layout}
-        policy = {c: [p.kind, p.mode] for c, p in self.policy.items()} if self.policy else None
+        policy = specialists.dump_policy(self.policy) if self.policy is not None else None
         return {"method": self.method, "ablate": list(self.ablate), "max_rounds": self.max_rounds,
                 "min_length_ratio": self.min_length_ratio, "policy": policy, "layout": self.layout}
 
@@ -85,18 +83,13 @@ class ProgramConfig:
         return cls(method, tuple(ablate), rounds, float(ratio), _policy(block.get("policy"), where), layout)
 
 
-def _policy(policy: object, where: str) -> dict[str, SpecialistPolicy] | None:
+def _policy(policy: object, where: str) -> specialists.Policy | None:
     if policy is None:
         return None
-    kinds, modes = specialists.KINDS, specialists.MODES
-    if not isinstance(policy, dict):
-        raise ProgramRefused(f"{where}.policy: must be an object of category -> [kind, mode]")
-    for category, entry in policy.items():
-        if category not in CATEGORIES or not (isinstance(entry, list) and len(entry) == 2
-                                              and entry[0] in kinds and entry[1] in modes):
-            raise ProgramRefused(f"{where}.policy[{category!r}]: {entry!r}; categories are {list(CATEGORIES)}, "
-                                 f"entries [kind, mode] with kind in {list(kinds)} and mode in {list(modes)}")
-    return {c: SpecialistPolicy(*entry) for c, entry in policy.items()} or None
+    try:
+        return specialists.parse_policy(policy, f"{where}.policy")
+    except ValueError as exc:
+        raise ProgramRefused(str(exc)) from None
 
 
 def build_program(method: str, ablate: tuple[str, ...] | list[str] = (), max_rounds: int = 1,

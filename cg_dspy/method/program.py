@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import dspy
 
-from cg_dspy.core.messages import Message
+from cg_dspy.core.messages import TASK_DELIMITER, Message
 from cg_dspy.core.observe import span
 from cg_dspy.lms.adapter import stage_messages
 from cg_dspy.method import specialists
@@ -43,10 +43,13 @@ REMINDER_REQUEST_CHARS = 1500
 def reminder_request(request: str) -> str:
     """The request text a reminder repeats (Reminder(s, q)).
 
-    A short request is repeated whole. A long final message usually carries the
-    context itself with the question at its end, so only its tail is repeated rather
-    than doubling the prompt.
+    A short request is repeated whole. A CLBench-life single-turn message is the context,
+    `<|TASK|>`, then the task: the task is repeated, exactly the text after the (last)
+    delimiter. Any other long final message usually carries the context itself with the
+    question at its end, so only its tail is repeated rather than doubling the prompt.
     """
+    if TASK_DELIMITER in request:
+        return request.rpartition(TASK_DELIMITER)[2].strip()
     if len(request) <= REMINDER_REQUEST_CHARS:
         return request
     return "(end of the final user message) …" + request[-REMINDER_REQUEST_CHARS:]
@@ -126,7 +129,7 @@ class ContextGuard(SavesConfig, dspy.Module):
         *,
         ablate: tuple[str, ...] | list[str] = (),
         max_rounds: int = 1,
-        policy: dict[str, SpecialistPolicy] | None = None,
+        policy: specialists.Policy | None = None,
         min_length_ratio: float = MIN_LENGTH_RATIO,
         layout: str | None = None,
     ):

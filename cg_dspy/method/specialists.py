@@ -89,22 +89,56 @@ class SpecialistPolicy:
     mode: Mode
 
 
-DEFAULT_POLICY: dict[str, SpecialistPolicy] = {s.category: SpecialistPolicy(s.kind, s.mode)
-                                               for s in SPECIALISTS.values()}
+# A category maps to its specialist, or to None: the generic audit with no specialist.
+Policy = dict[str, "SpecialistPolicy | None"]
+
+DEFAULT_POLICY: Policy = {s.category: SpecialistPolicy(s.kind, s.mode) for s in SPECIALISTS.values()}
+# A category the paper did not study (CLBench-life's three, any other) runs the generic
+# structured self-audit and no specialist: the four signals were chosen and measured for
+# CL-bench's four categories, the generic audit already covers what a task misses or
+# gets wrong, and a specialist that was never validated there would cost a call per
+# task without evidence that it helps. `--policy FILE` assigns one where you have it.
+
+
+def parse_policy(policy: object, where: str) -> Policy:
+    """A policy from JSON: category -> [kind, mode], {"kind": ..., "mode": ...}, or null
+    (no specialist). Raises ValueError naming the entry."""
+    if not isinstance(policy, dict):
+        raise ValueError(f"{where}: a policy is an object of category -> [kind, mode] (or null for none)")
+    parsed: Policy = {}
+    for category, entry in policy.items():
+        if isinstance(entry, dict) and set(entry) == {"kind", "mode"}:
+            entry = [entry["kind"], entry["mode"]]
+        if not isinstance(category, str) or not category.strip():
+            raise ValueError(f"{where}: {category!r} is not a category name")
+        if entry is None:
+            parsed[category] = None
+        elif isinstance(entry, list) and len(entry) == 2 and entry[0] in KINDS and entry[1] in MODES:
+            parsed[category] = SpecialistPolicy(*entry)
+        else:
+            raise ValueError(f"{where}[{category!r}]: {entry!r}; write [kind, mode] with kind in {list(KINDS)} and "
+                             f"mode in {list(MODES)}, or null for no specialist")
+    return parsed
+
+
+def dump_policy(policy: Policy) -> dict[str, list[str] | None]:
+    """The JSON form `parse_policy` reads."""
+    return {c: [p.kind, p.mode] if p else None for c, p in policy.items()}
 
 
 def resolve(
     category: str,
-    policy: dict[str, SpecialistPolicy] | None = None,
+    policy: Policy | None = None,
     *,
     audit_enabled: bool = True,
 ) -> SpecialistPolicy | None:
-    """The specialist for a category, or None when the category has none.
+    """The specialist for a category, or None when the category has none (a category
+    the policy does not name has none).
 
     Without an audit there is nothing to integrate into, so an integrated specialist
     runs as a separate checker instead (the '- Structured Self-Audit' ablation).
     """
-    chosen = (policy or DEFAULT_POLICY).get(category)
+    chosen = (DEFAULT_POLICY if policy is None else policy).get(category)
     if chosen is None:
         return None
     if chosen.mode == "integrated" and not audit_enabled:
@@ -112,6 +146,7 @@ def resolve(
     return chosen
 
 
-def integrated_audits(policy: dict[str, SpecialistPolicy] | None = None) -> list[str]:
+def integrated_audits(policy: Policy | None = None) -> list[str]:
     """The audit predictors a policy runs for integrated specialists."""
-    return [SPECIALISTS[p.kind].audit_name for p in (policy or DEFAULT_POLICY).values() if p.mode == "integrated"]
+    chosen = DEFAULT_POLICY if policy is None else policy
+    return [SPECIALISTS[p.kind].audit_name for p in chosen.values() if p is not None and p.mode == "integrated"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from itertools import combinations
 
-from cg_dspy.clbench.data import LENGTH_BINS, length_bin, token_length
+from cg_dspy.clbench.lengths import LENGTH_BINS, length_bin, token_length
 from cg_dspy.clbench.rows import GradedRow, graded_rows
 from cg_dspy.core.cost import cost_totals
 from cg_dspy.judge.types import RUBRIC_TYPES, rubric_type

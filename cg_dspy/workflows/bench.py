@@ -81,7 +81,7 @@ def bench(tasks, methods, out_dir: Path, *, tracking: Tracking = Tracking(enable
 
 def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol="rubric", threads=4,
               progress=True, early_stop=True, force=False, resume_anyway=False, inputs=(),
-              layout="chat", typer=None, repeats: int = 1) -> BenchResult:
+              layout="chat", policy=None, typer=None, repeats: int = 1) -> BenchResult:
     """Run, judge and report every method into `out_dir`; `typer` (an `LMTyper`) types the
     requirements for Table 2 instead of the keyword cues. With `repeats`, every method
     runs that many times (`<method>.r<i>.jsonl`), repeat i of a method revising repeat i
@@ -96,7 +96,7 @@ def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol=
         for repeat in [None] if repeats == 1 else range(1, repeats + 1):
             out = out_dir / f"{method}.jsonl"
             out = generation.repeat_path(out, repeat) if repeat else out
-            run = generation.run(build_program(method, layout=layout), tasks, out, lm=lm, method=method,
+            run = generation.run(build_program(method, layout=layout, policy=policy), tasks, out, lm=lm, method=method,
                               threads=threads, drafts=answers.get((src, repeat)), progress=progress, force=force,
                               resume_anyway=resume_anyway, inputs=inputs, repeat=repeat)
             result.failed += [(f"{out.stem}: {idx}", reason) for idx, reason in run.outcome.failed]

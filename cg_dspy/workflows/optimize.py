@@ -44,7 +44,8 @@ def optimize(*, settings: Tracking = Tracking(), alias: str | None = None, **opt
         _log(result, active.info.run_id, optimizer=options["optimizer"], budget=plan.budget,
              tunable=plan.tunable, alias=alias, base=build_program(options.get("method", "contextguard"),
                                                                    options.get("ablate", ()),
-                                                                   layout=options.get("layout", "chat")))
+                                                                   layout=options.get("layout", "chat"),
+                                                                   policy=options.get("policy")))
     return result
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cg_dspy.clbench.data import LENGTH_BINS
+from cg_dspy.clbench.lengths import LENGTH_BINS
 from cg_dspy.core import files
 from cg_dspy.judge.types import RUBRIC_TYPES
 from cg_dspy.reports import statistics

@@ -22,9 +22,9 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
-from cg_dspy.clbench.data import LENGTH_BINS  # noqa: E402
+from cg_dspy.clbench.lengths import LENGTH_BINS  # noqa: E402
 from cg_dspy.core import files  # noqa: E402
-from cg_dspy.core.messages import CATEGORIES  # noqa: E402
+from cg_dspy.core.messages import category_order  # noqa: E402
 from cg_dspy.judge.types import RUBRIC_TYPES  # noqa: E402
 from cg_dspy.method.program import ABLATIONS  # noqa: E402
 from cg_dspy.reports.analysis import NEAR_MISS_BINS  # noqa: E402
@@ -160,8 +160,7 @@ def subcategory_figure(report: Report):
     runs = report.runs
     names = list(runs)
     cats = {s: cell.category for r in runs.values() for s, cell in r.by_sub_category.items()}
-    order = {c: i for i, c in enumerate(CATEGORIES)}
-    subs = sorted(cats, key=lambda s: (order.get(cats[s], len(order)), s))
+    subs = sorted(cats, key=lambda s: (category_order(cats[s]), s))
     rows: list[str] = []  # top to bottom: a category heading, then its sub-categories
     headings: set[int] = set()
     for cat in dict.fromkeys(cats[s] for s in subs):
