@@ -163,6 +163,7 @@ def prepare(
     tunable: tuple[str, ...] = DEFAULT_TUNABLE,
     layout: str = "chat",
     policy: dict | None = None,
+    revision_mode: str = "rewrite",
     threads: int = 4,
     out: str | Path | None = None,
     force: bool = False,
@@ -191,7 +192,9 @@ def prepare(
         log_dir = gepa_log_dir(out)
         if optimizer == "gepa" and (log_dir.is_symlink() or (log_dir.exists() and not log_dir.is_dir())):
             raise OutputRefused(f"{log_dir}: GEPA keeps its state there, and it is a link or a file; remove it")
-    program = build_program(method, ablate, layout=layout, policy=policy)
+    program = build_program(method, ablate, layout=layout, policy=policy, revision_mode=revision_mode)
+    if revision_mode == "edit" and tuple(tunable) == DEFAULT_TUNABLE:  # the revision a run uses is the edit stage
+        tunable = tuple("edit" if name == "revise" else name for name in tunable)
     names = [n for n, _ in program.named_predictors()]
     unknown = set(tunable) - set(names)
     if unknown:

@@ -31,6 +31,7 @@ MARKERS = [
     ("procedure", ['- "proc_ok"']),
     ("rules", ['- "rules_ok"']),
     ("empirical", ['- "empirical_ok"']),
+    ("edit", ['- "edits"']),
     ("revise", ["[fix_set]"]),
     ("refine", ["[feedback]"]),
     ("feedback", ["[previous_answer]"]),

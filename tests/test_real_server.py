@@ -103,3 +103,26 @@ def test_the_judge_grades_through_llama_cpp_server_in_both_protocols_and_the_ser
     if protocol == "joint":  # the status list is not capped at an audit list's 24 items
         assert "judge_note" not in by_id[rows[0]["idx"]], by_id[rows[0]["idx"]].get("judge_note")
     urllib.request.urlopen(f"{llama_server}/models", timeout=10).read()  # the server is alive
+
+
+def test_edit_mode_runs_every_demo_task_through_llama_cpp_server_and_its_edits_parse(llama_server, tmp_path):
+    out = tmp_path / "edit.jsonl"
+    r = cli("run", str(DATA / "demo.jsonl"), "--out", str(out), "--revision-mode", "edit", "--model",
+            "openai/smollm", "--api-base", llama_server, "--max-tokens", str(MAX_TOKENS), "--no-cache", "--quiet",
+            "--no-track")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["finished"] == 4 and summary["failed"] == 0
+    rows = read_rows(out)
+    edited = [row for row in rows if "edit" in row["trace"]["cost"]]
+    assert edited, [row["trace"]["path"] for row in rows]  # the edit stage ran on the real server
+    assert any(row["trace"].get("edits") is not None for row in edited)  # and its JSON parsed into edits
+    for row in rows:
+        trace = row["trace"]
+        assert trace["path"] in ("revised", "no-edit", "rolled-back", "early-return", "stage-failed")
+        if trace["path"] in ("no-edit", "early-return", "stage-failed"):
+            assert row["model_output"] == trace["draft"]  # nothing applied: the draft, byte for byte
+        if trace.get("edits"):
+            applied = trace["edits"]["applied"]
+            assert trace["path"] != "revised" or applied, trace["edits"]
+

@@ -12,7 +12,7 @@ from cg_dspy.lms import DEFAULT_TIMEOUT, LMSettings
 from cg_dspy.lms.build import REASONING_EFFORTS
 from cg_dspy.lms.endpoint import STRUCTURED_OUTPUT
 from cg_dspy.method import LAYOUTS, METHODS, method_names
-from cg_dspy.method.program import ABLATIONS, MAX_ROUNDS
+from cg_dspy.method.program import ABLATIONS, MAX_ROUNDS, REVISION_MODES
 from cg_dspy.method.specialists import DEFAULT_POLICY, Policy, parse_policy
 from cg_dspy.optimize.compile import DEFAULT_TUNABLE
 from cg_dspy.optimize.recipes import BUDGETS, RECIPES
@@ -110,6 +110,12 @@ def parser() -> argparse.ArgumentParser:
                         help="JSON: category -> [specialist kind, mode] (or null for none), over the paper's "
                         "policy for CL-bench's categories; any other category runs the generic audit alone")
 
+    def revision_mode(sp):
+        sp.add_argument("--revision-mode", choices=REVISION_MODES, default="rewrite",
+                        help="rewrite: the paper's protected revision returns the whole answer (default); edit: it "
+                        "returns targeted edits (replace a passage, insert after an anchor, append), so text no fix "
+                        "item names stays byte for byte and the revision writes a fraction of the tokens")
+
     def common(sp, judge_flags=False, task_flags=True, grading=True):
         sp.add_argument("--threads", type=positive_int, default=4, help="LM requests kept in flight (default 4)")
         sp.add_argument("--no-cache", action="store_true", help="bypass DSPy's LM cache")
@@ -159,6 +165,7 @@ def parser() -> argparse.ArgumentParser:
     common(r)
     output(r)
     program_flags(r)
+    revision_mode(r)
 
     e = sub.add_parser("eval", help="judge a result file with the rubric judge")
     e.add_argument("results", help="result JSONL written by `run` (or any CL-bench results file)")
@@ -237,6 +244,7 @@ def parser() -> argparse.ArgumentParser:
     common(o, judge_flags=True)
     tracked(o)
     program_flags(o)
+    revision_mode(o)
 
     c = sub.add_parser("compare", help="prompt versions from the Prompt Registry side by side, and the runs")
     c.add_argument("--experiment", default="contextguard")

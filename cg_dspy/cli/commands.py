@@ -38,7 +38,8 @@ def run(args) -> int:
         program = load_program(args.program, lenient=args.lenient_program)
         method = program.config()["method"]  # the saved program says what it is
     else:
-        program = build_program(args.method, args.ablate, args.max_rounds, layout=args.layout, policy=args.policy)
+        program = build_program(args.method, args.ablate, args.max_rounds, layout=args.layout, policy=args.policy,
+                                revision_mode=args.revision_mode)
         method = args.method
     settings = lm_settings(args)
     params = {"tasks": args.tasks, "method": method, "program": program.config(), "saved_program": args.program or "",

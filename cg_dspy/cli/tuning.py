@@ -43,7 +43,7 @@ def optimize(args) -> int:
     options = dict(optimizer=args.optimizer, train=train, dev=dev, test=test, budget=args.budget,
                    task_lm=build_lm(task_settings), judge_lm=judge_lm(judge_settings), reflection_lm=reflection,
                    method=args.method, ablate=tuple(args.ablate), tunable=tuple(args.tunable), layout=args.layout,
-                   policy=args.policy,
+                   policy=args.policy, revision_mode=args.revision_mode,
                    threads=args.threads, dev_votes=args.dev_votes)
     with _quiet_optimizers():
         estimate = simulate.estimate(**options)

@@ -7,7 +7,8 @@ majority label, early stop. With `feedback` (GEPA), it returns `dspy.Prediction(
 feedback)` where the feedback names the failed requirements and says what the stage
 being tuned did: an audit (the generic one or an integrated specialist's) or a checker
 is told which failed requirements it did not flag; the revision is told which
-requirements it repaired and which it broke (the draft is judged too, for that). Judge
+requirements it repaired and which it broke (the draft is judged too, for that), and an
+edit-mode revision also which of its edits could not be applied and why. Judge
 verdicts are memoised per (answer, requirement): re-scoring an answer an optimizer has
 seen before costs no LM call.
 """
@@ -67,7 +68,8 @@ class RubricMetric:
             return score
         stage = (pred_name or "").split(".")[-1]
         draft = None
-        if stage == "revise" and getattr(prediction, "draft", None) not in (None, getattr(prediction, "answer", None)):
+        started = getattr(prediction, "draft", None)
+        if stage in ("revise", "edit") and started not in (None, getattr(prediction, "answer", None)):
             draft = self.labels(prediction.draft, rubrics)  # what the revision started from
         return dspy.Prediction(score=score, feedback=explain(rubrics, labels, prediction, stage, draft))
 
@@ -88,8 +90,12 @@ def explain(rubrics: list[str], labels: list[bool], prediction, stage: str, draf
             lines.append(f"{who} did not flag these failed requirements as missing, wrong or violated:")
             lines += [f"- {r}" for r in unflagged]
         lines.append(f"{who} left {len(fix)} item(s) in the fix set and {len(protect)} in the protection set.")
-    elif stage == "revise":
+    elif stage in ("revise", "edit"):
         guard = getattr(prediction, "guard", None)
+        edits = getattr(prediction, "edits", None)
+        if stage == "edit" and edits is not None and edits.dropped:
+            lines.append(f"{len(edits.dropped)} of {len(edits.edits)} edit(s) could not be applied:")
+            lines += [f"- edit {d.edit}: {d.reason}" for d in edits.dropped]
         if draft is not None:
             repaired = [r for r, before, after in zip(rubrics, draft, labels) if after and not before]
             broken = [r for r, before, after in zip(rubrics, draft, labels) if before and not after]
@@ -104,6 +110,8 @@ def explain(rubrics: list[str], labels: list[bool], prediction, stage: str, draf
         elif path == "revised" and failed:
             lines.append("The revision was accepted but did not fix everything; it was asked to fix:")
             lines += [f"- {i.render()}" for i in fix]
+        elif path == "no-edit":
+            lines.append("No edit applied: the answer stayed the draft.")
         elif path == "early-return":
             lines.append("No revision ran: the fix set was empty.")
     if path:

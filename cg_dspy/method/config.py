@@ -13,10 +13,10 @@ import dspy
 from cg_dspy.method import specialists
 from cg_dspy.method.baselines import Baseline, SelfRefine
 from cg_dspy.method.guard import MIN_LENGTH_RATIO
-from cg_dspy.method.program import ABLATIONS, DEFAULT_LAYOUT, LAYOUTS, MAX_ROUNDS, ContextGuard
+from cg_dspy.method.program import ABLATIONS, DEFAULT_LAYOUT, LAYOUTS, MAX_ROUNDS, REVISION_MODES, ContextGuard
 
 METHODS = ("baseline", "self-refine", "contextguard")
-KEYS = ("method", "ablate", "max_rounds", "min_length_ratio", "policy", "layout")
+KEYS = ("method", "ablate", "max_rounds", "min_length_ratio", "policy", "layout", "revision_mode")
 
 
 class ProgramRefused(ValueError):
@@ -24,8 +24,9 @@ class ProgramRefused(ValueError):
 
 
 def method_names() -> list[str]:
-    """Every method `bench` knows: the three methods and each single ablation."""
-    return [*METHODS, *(f"contextguard-no-{a}" for a in ABLATIONS)]
+    """Every method `bench` knows: the three methods, ContextGuard with edit-mode revision,
+    and each single ablation."""
+    return [*METHODS, "contextguard-edit", *(f"contextguard-no-{a}" for a in ABLATIONS)]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class ProgramConfig:
     min_length_ratio: float = MIN_LENGTH_RATIO
     policy: specialists.Policy | None = field(default=None, hash=False)
     layout: str = DEFAULT_LAYOUT
+    revision_mode: str = "rewrite"
 
     def dump(self) -> dict:
         """The saved `cg_dspy` block (each method keeps what it has)."""
@@ -46,13 +48,16 @@ class ProgramConfig:
         if self.method == "self-refine":
             return {"method": "self-refine", "layout": self.layout}
         policy = specialists.dump_policy(self.policy) if self.policy is not None else None
-        return {"method": self.method, "ablate": list(self.ablate), "max_rounds": self.max_rounds,
-                "min_length_ratio": self.min_length_ratio, "policy": policy, "layout": self.layout}
+        block = {"method": self.method, "ablate": list(self.ablate), "max_rounds": self.max_rounds,
+                 "min_length_ratio": self.min_length_ratio, "policy": policy, "layout": self.layout}
+        # Said only for edit mode: files and programs written before it stay the same settings.
+        return {**block, "revision_mode": "edit"} if self.revision_mode == "edit" else block
 
     def build(self) -> dspy.Module:
         """A fresh, untuned program."""
         return build_program(self.method, self.ablate, self.max_rounds, layout=self.layout,
-                             min_length_ratio=self.min_length_ratio, policy=self.policy)
+                             min_length_ratio=self.min_length_ratio, policy=self.policy,
+                             revision_mode=self.revision_mode)
 
     @classmethod
     def load(cls, block: object, source: str) -> ProgramConfig:
@@ -80,7 +85,10 @@ class ProgramConfig:
         layout = block.get("layout", "inline")  # programs saved before layouts were tuned inline
         if layout not in LAYOUTS:
             raise ProgramRefused(f"{where}.layout: {layout!r} is not one of {list(LAYOUTS)}")
-        return cls(method, tuple(ablate), rounds, float(ratio), _policy(block.get("policy"), where), layout)
+        mode = block.get("revision_mode", "rewrite")
+        if mode not in REVISION_MODES:
+            raise ProgramRefused(f"{where}.revision_mode: {mode!r} is not one of {list(REVISION_MODES)}")
+        return cls(method, tuple(ablate), rounds, float(ratio), _policy(block.get("policy"), where), layout, mode)
 
 
 def _policy(policy: object, where: str) -> specialists.Policy | None:
@@ -94,12 +102,15 @@ def _policy(policy: object, where: str) -> specialists.Policy | None:
 
 def build_program(method: str, ablate: tuple[str, ...] | list[str] = (), max_rounds: int = 1,
                   layout: str = "chat", **options) -> dspy.Module:
-    """The module for a method name; `contextguard-no-X` is ContextGuard with X ablated.
-    `options` (min_length_ratio, policy) go to ContextGuard."""
+    """The module for a method name; `contextguard-no-X` is ContextGuard with X ablated,
+    `contextguard-edit` ContextGuard with edit-mode revision. `options`
+    (min_length_ratio, policy, revision_mode) go to ContextGuard."""
     if method == "baseline":
         return Baseline()
     if method == "self-refine":
         return SelfRefine(layout=layout)
+    if method == "contextguard-edit":
+        method, options = "contextguard", {**options, "revision_mode": "edit"}
     if method == "contextguard" or method.startswith("contextguard-no-"):
         removed = () if method == "contextguard" else (method.removeprefix("contextguard-no-"),)
         options = {k: v for k, v in options.items() if v is not None}

@@ -36,6 +36,21 @@ def concrete_content(text: str) -> set[str]:
     return {_norm(f) for f in found if _norm(f)}
 
 
+def protected_loss(before: str, after: str, protect_set: list[PlanItem],
+                   fix_set: list[PlanItem] = ()) -> list[tuple[str, list[str]]]:
+    """(tag, pieces) for each protection item whose concrete content is in `before` and
+    not in `after`, leaving out what a fix item names (that is asked to change)."""
+    before_n, after_n = _norm(before), _norm(after)
+    targeted = " ".join(_norm(i.text) for i in fix_set)
+    found = []
+    for item in protect_set:
+        lost = sorted(piece for piece in concrete_content(item.text)
+                      if piece in before_n and piece not in after_n and piece not in targeted)
+        if lost:
+            found.append((item.tag, lost))
+    return found
+
+
 def structure_of(text: str) -> dict[str, int]:
     """Counts of the structures a required format usually takes."""
     lines = [line.strip() for line in text.splitlines()]
@@ -79,16 +94,8 @@ def revision_guard(
     if ratio < min_length_ratio:
         reasons.append(f"excessive shortening: length ratio {ratio:.2f} < {min_length_ratio:.2f}")
 
-    draft_n, revised_n = _norm(draft), _norm(revised)
-    targeted = " ".join(_norm(i.text) for i in fix_set)
-    for item in protect_set:
-        lost = sorted(
-            piece
-            for piece in concrete_content(item.text)
-            if piece in draft_n and piece not in revised_n and piece not in targeted
-        )
-        if lost:
-            reasons.append(f"protected content lost from [{item.tag}]: {', '.join(lost)}")
+    for tag, lost in protected_loss(draft, revised, protect_set, fix_set):
+        reasons.append(f"protected content lost from [{tag}]: {', '.join(lost)}")
 
     if not _asks_for_format_change(list(fix_set)):
         before, after = structure_of(draft), structure_of(revised)

@@ -65,3 +65,8 @@ def build_plan(
 def render_items(items: list[PlanItem]) -> str:
     """The bullet list a revision prompt shows; '(none)' keeps the field non-empty."""
     return "\n".join(item.render() for item in items) or "(none)"
+
+
+def render_numbered(items: list[PlanItem]) -> str:
+    """The fix set as edit mode shows it: numbered, so each edit can name its item."""
+    return "\n".join(f"{n}. {item.render().removeprefix('- ')}" for n, item in enumerate(items, start=1)) or "(none)"

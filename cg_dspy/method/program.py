@@ -22,10 +22,11 @@ from cg_dspy.core.messages import TASK_DELIMITER, Message
 from cg_dspy.core.observe import span
 from cg_dspy.lms.adapter import stage_messages
 from cg_dspy.method import specialists
+from cg_dspy.method.edits import apply_edits
 from cg_dspy.method.guard import MIN_LENGTH_RATIO, revision_guard
-from cg_dspy.method.plan import build_plan, render_items
-from cg_dspy.method.schemas import AuditReport, GuardVerdict, RevisionPlan, SpecialistReport
-from cg_dspy.method.signatures import Generate, ProtectedRevision, ReminderDraft, StructuredAudit
+from cg_dspy.method.plan import build_plan, render_items, render_numbered
+from cg_dspy.method.schemas import AuditReport, EditReport, GuardVerdict, RevisionPlan, SpecialistReport
+from cg_dspy.method.signatures import Generate, ProtectedRevision, ReminderDraft, StructuredAudit, TargetedEdits
 from cg_dspy.method.specialists import SPECIALISTS, SpecialistPolicy
 from cg_dspy.method.stages import StageFailure, Stages
 
@@ -37,6 +38,9 @@ ABLATIONS = ("reminder", "audit", "protection", "specialists", "guard")
 LAYOUTS = ("chat", "inline")
 DEFAULT_LAYOUT = "chat"
 MAX_ROUNDS = 5  # the paper uses 1; more rounds compound revision errors and cost
+# rewrite: the paper's protected revision returns the whole answer (Prompt 7); edit: the
+# revision returns targeted edits, applied by method.edits, so untouched text stays.
+REVISION_MODES = ("rewrite", "edit")
 REMINDER_REQUEST_CHARS = 1500
 
 
@@ -87,6 +91,7 @@ class Round:
     specialist: SpecialistReport | None = None
     plan: RevisionPlan | None = None
     revision: str | None = None
+    edits: EditReport | None = None  # edit mode: what each edit did
     verdict: GuardVerdict | None = None
     failed: str | None = None  # the stage whose output could not be used
 
@@ -100,6 +105,8 @@ class Round:
             return "stage-failed"
         if self.plan is not None and not self.plan.fix_set:
             return "early-return"
+        if self.edits is not None and not self.edits.applied:
+            return "no-edit"  # edit mode: no edit could be applied, the answer stands
         return "revised" if self.accepted else "rolled-back"
 
 
@@ -132,11 +139,14 @@ class ContextGuard(SavesConfig, dspy.Module):
         policy: specialists.Policy | None = None,
         min_length_ratio: float = MIN_LENGTH_RATIO,
         layout: str | None = None,
+        revision_mode: str = "rewrite",
     ):
         super().__init__()
         unknown = set(ablate) - set(ABLATIONS)
         if unknown:
             raise ValueError(f"unknown ablation(s) {sorted(unknown)}; choose from {ABLATIONS}")
+        if revision_mode not in REVISION_MODES:
+            raise ValueError(f"revision mode {revision_mode!r}: choose from {REVISION_MODES}")
         if not 1 <= max_rounds <= MAX_ROUNDS:
             raise ValueError(f"max_rounds must be from 1 to {MAX_ROUNDS}, not {max_rounds}")
         self.ablate = tuple(sorted(set(ablate)))
@@ -151,6 +161,9 @@ class ContextGuard(SavesConfig, dspy.Module):
             setattr(self, s.audit_name, dspy.Predict(s.audit_signature()))
             setattr(self, s.checker_name, dspy.Predict(s.checker))
         self.revise = dspy.Predict(ProtectedRevision)
+        self.revision_mode = revision_mode
+        if revision_mode == "edit":  # only then, so a rewrite program's state and prompts are the paper's
+            self.edit = dspy.Predict(TargetedEdits)
 
     def uses(self, component: str) -> bool:
         return component not in self.ablate
@@ -160,7 +173,7 @@ class ContextGuard(SavesConfig, dspy.Module):
         from cg_dspy.method.config import ProgramConfig
 
         return ProgramConfig("contextguard", self.ablate, self.max_rounds, self.min_length_ratio, self.policy,
-                             self.layout).dump()
+                             self.layout, self.revision_mode).dump()
 
     # Optimizers tune what named_parameters() lists; `frozen` hides stages from them.
     frozen: frozenset[str] = frozenset()
@@ -183,10 +196,11 @@ class ContextGuard(SavesConfig, dspy.Module):
                 break
             answer = rounds[-1].revision
         last = rounds[-1]
+        edits = {"edits": last.edits} if self.revision_mode == "edit" else {}
         return dspy.Prediction(
             answer=answer, draft=draft, path=path_of(rounds), audit=last.audit, specialist=last.specialist,
             fix_set=last.plan.fix_set if last.plan else [], protect_set=last.plan.protect_set if last.plan else [],
-            guard=last.verdict, rounds=rounds, failures=stages.failures, cost=stages.cost,
+            guard=last.verdict, **edits, rounds=rounds, failures=stages.failures, cost=stages.cost,
             structured_output=stages.structured_output)
 
     def _draft(self, stages: Stages, conversation) -> str:
@@ -216,11 +230,12 @@ class ContextGuard(SavesConfig, dspy.Module):
         if not turn.plan.fix_set:
             return turn
         try:
-            turn.revision = stages.run("revise", self.revise, conversation=conversation, previous_answer=answer,
-                                       fix_set=render_items(turn.plan.fix_set),
-                                       protect_set=render_items(turn.plan.protect_set)).revised_answer
+            turn.revision, turn.edits = self._revise(stages, conversation, answer, turn.plan)
         except StageFailure:
-            turn.failed = "revise"
+            turn.failed = "revise" if self.revision_mode == "rewrite" else "edit"
+            return turn
+        if turn.edits is not None and not turn.edits.applied:
+            turn.revision = None
             return turn
         with span("guard") as watched:
             turn.verdict = (revision_guard(turn.revision, answer, turn.plan.protect_set, turn.plan.fix_set,
@@ -229,6 +244,19 @@ class ContextGuard(SavesConfig, dspy.Module):
             watched.set(passed=turn.verdict.passed, reasons=turn.verdict.reasons,
                         length_ratio=turn.verdict.length_ratio)
         return turn
+
+    def _revise(self, stages: Stages, conversation, answer: str, plan: RevisionPlan) -> tuple[str, EditReport | None]:
+        """The protected revision (Prompt 7) as a whole new answer; in edit mode, the
+        answer with the targeted edits applied (and what became of each edit)."""
+        if self.revision_mode == "rewrite":
+            return stages.run("revise", self.revise, conversation=conversation, previous_answer=answer,
+                              fix_set=render_items(plan.fix_set),
+                              protect_set=render_items(plan.protect_set)).revised_answer, None
+        cut_before = stages.cost["edit"]["truncated"]
+        out = stages.run("edit", self.edit, conversation=conversation, previous_answer=answer,
+                         fix_set=render_numbered(plan.fix_set), protect_set=render_items(plan.protect_set))
+        return apply_edits(answer, out.edits or [], fix_set=plan.fix_set, protect_set=plan.protect_set,
+                           truncated=stages.cost["edit"]["truncated"] > cut_before)
 
     def _audit(self, stages: Stages, conversation, answer, policy) -> AuditReport | None:
         """Q_A..Q_D; an integrated specialist's criteria are part of its own audit predictor."""

@@ -41,17 +41,22 @@ ItemText = Annotated[str, BeforeValidator(_clip), Field(max_length=MAX_ITEM_CHAR
 # --- stage outputs ----------------------------------------------------------------------
 
 
-class AuditItem(BaseModel):
-    """One audit finding; empirical findings carry a fine-grained issue type."""
-
-    text: ItemText
-    issue_type: IssueType | None = None
+class TextFirst(BaseModel):
+    """An item a model may give as a bare string: the string is the item's `text` (real
+    models often list findings that way; a bare edit is text with no action, kept to be
+    dropped with its reason)."""
 
     @model_validator(mode="before")
     @classmethod
     def _bare_text(cls, value: object) -> object:
-        """Real models often list findings as plain strings: each is a finding's text."""
         return {"text": value} if isinstance(value, str) else value
+
+
+class AuditItem(TextFirst):
+    """One audit finding; empirical findings carry a fine-grained issue type."""
+
+    text: ItemText
+    issue_type: IssueType | None = None
 
     @field_validator("issue_type", mode="before")
     @classmethod
@@ -110,3 +115,61 @@ class GuardVerdict(BaseModel):
     passed: bool
     reasons: list[str] = []
     length_ratio: float = 1.0
+
+
+# --- edit-mode revision ---------------------------------------------------------------
+
+EditAction = Literal["replace", "insert_after", "append"]
+MAX_EDIT_CHARS = 4000  # characters kept per edit's target or text
+_ACTION_WORDS = {"replace": "replace", "insert_after": "insert_after", "insert": "insert_after",
+                 "insert after": "insert_after", "append": "append", "add": "append"}
+
+
+def _edit_text(value: object) -> str:
+    text = "" if value is None else str(value)
+    return text if len(text) <= MAX_EDIT_CHARS else text[:MAX_EDIT_CHARS]
+
+
+EditText = Annotated[str, BeforeValidator(_edit_text), Field(max_length=MAX_EDIT_CHARS)]
+
+
+class Edit(TextFirst):
+    """One targeted edit of the current answer, tied to the fix-set item it addresses.
+
+    Every field is lenient (a missing or unknown value parses as empty): which edits
+    apply is decided by `method.edits.apply_edits`, which drops an unusable one with its
+    reason instead of losing the whole list to one bad item."""
+
+    fix_item: int | None = None  # the fix set's item number, as the prompt numbers them
+    action: EditAction | None = None
+    target: EditText = ""  # replace: the exact passage; insert_after: the exact anchor
+    text: EditText = ""  # the new passage, or the text inserted or appended
+
+    @field_validator("action", mode="before")
+    @classmethod
+    def _action(cls, value: object) -> object:
+        return _ACTION_WORDS.get(value.strip().lower()) if isinstance(value, str) else None
+
+    @field_validator("fix_item", mode="before")
+    @classmethod
+    def _item(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().isdigit():
+            return int(value.strip())
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+EditItems = Annotated[list[Edit], BeforeValidator(_clip_list), Field(max_length=MAX_ITEMS)]
+
+
+class DroppedEdit(BaseModel):
+    edit: int  # counted from 1, in the order the model gave the edits
+    reason: str
+
+
+class EditReport(BaseModel):
+    """What an edit-mode revision did: the edits as given, the numbers of those applied,
+    and each dropped one with its reason."""
+
+    edits: list[Edit] = []
+    applied: list[int] = []
+    dropped: list[DroppedEdit] = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dspy
 
 from cg_dspy.core.messages import Message
-from cg_dspy.method.schemas import AuditItems, SpecialistItems
+from cg_dspy.method.schemas import AuditItems, EditItems, SpecialistItems
 
 
 def _list_output(desc: str):
@@ -145,6 +145,26 @@ class ProtectedRevision(dspy.Signature):
     fix_set: str = dspy.InputField(desc="Tagged items to fix.")
     protect_set: str = dspy.InputField(desc="Tagged items to keep unchanged.")
     revised_answer: str = dspy.OutputField(desc="The complete revised final answer.")
+
+
+class TargetedEdits(dspy.Signature):
+    """Revise your previous answer by targeted edits only, using the audit feedback and
+    specialist checks. The fix set lists numbered items that may be missing, incorrect
+    or violated; the protection set lists items confirmed correct or already satisfied.
+    Give the fewest edits that fix the fix-set items, each naming the item it fixes
+    (fix_item). An edit is one of: replace (target: a short passage copied exactly from
+    the previous answer, found there once; text: what replaces it), insert_after (target:
+    an exact anchor from the previous answer; text: what to insert right after it), or
+    append (text: what to add at the end). Rules: 1. never change or delete text the
+    protection set names; 2. do not touch anything no fix-set item asks for; 3. add no
+    new facts, rules, entities or constraints unless the context directly supports them;
+    4. keep the required output format; 5. give no edit for an item that needs none."""
+
+    conversation: list[Message] = dspy.InputField(desc=_CONVERSATION)
+    previous_answer: str = dspy.InputField(desc="The answer the edits apply to.")
+    fix_set: str = dspy.InputField(desc="Numbered, tagged items to fix.")
+    protect_set: str = dspy.InputField(desc="Tagged items to keep unchanged.")
+    edits: EditItems = _list_output("The edits, in order: {fix_item, action, target, text}.")
 
 
 class SelfFeedback(dspy.Signature):

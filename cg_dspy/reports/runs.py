@@ -12,21 +12,24 @@ from pathlib import Path
 from cg_dspy.clbench.rows import GradedRow, graded_rows
 
 
-def method_label(method: str | None, ablate=()) -> str | None:
-    """What a reader calls a run: "baseline", "contextguard (no protection)"."""
+def method_label(method: str | None, ablate=(), revision_mode: str | None = None) -> str | None:
+    """What a reader calls a run: "baseline", "contextguard (no protection)",
+    "contextguard (edit)" (edit-mode revision)."""
     if not method:
         return None
     base, _, removed = method.partition("-no-")
-    gone = sorted({removed, *ablate} - {""})
-    return base + (f" (no {', no '.join(gone)})" if gone else "")
+    notes = ["edit"] if base.endswith("-edit") or revision_mode == "edit" else []
+    notes += [f"no {gone}" for gone in sorted({removed, *ablate} - {""})]
+    return base.removesuffix("-edit") + (f" ({', '.join(notes)})" if notes else "")
 
 
 def row_label(row: GradedRow) -> str | None:
     """A graded row's run label, from its method and the ablations it was generated with."""
     generation = ((row.model_extra or {}).get("cg_dspy") or {}).get("generation") or {}
     config = generation.get("config") if isinstance(generation, dict) else None
-    ablate = config.get("ablate") or () if isinstance(config, dict) else ()
-    return method_label(row.method, ablate if isinstance(ablate, (list, tuple)) else ())
+    config = config if isinstance(config, dict) else {}
+    ablate = config.get("ablate") or ()
+    return method_label(row.method, ablate if isinstance(ablate, (list, tuple)) else (), config.get("revision_mode"))
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """`contextguard bench`: several methods run and judged on the same tasks, paired.
 
 Pairing follows the paper: Self-Refine and ContextGuard without the reminder revise
-the baseline's own draft; ContextGuard's other ablations revise the full method's
+the baseline's own draft; ContextGuard's other ablations and its edit mode revise the full method's
 reminder draft. Everything lands in one folder: `<method>.jsonl`,
 `<method>.graded.jsonl`, `report.json`, `report.md`, `report.html` and `figures/`.
 """
@@ -34,7 +34,7 @@ def draft_source(method: str) -> str | None:
     """Which method's drafts a method revises, for paired comparisons."""
     if method in ("self-refine", "contextguard-no-reminder"):
         return "baseline"
-    if method.startswith("contextguard-no-"):
+    if method.startswith("contextguard-no-") or method == "contextguard-edit":
         return "contextguard"
     return None
 
@@ -123,8 +123,10 @@ def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol=
         typed = {"typer": typer, "typer_name": typer.describe()}
     labelled = analysis.label_files(files)
     runs = labelled.runs
+    # each method against the baseline, and edit mode against the rewrite it shares drafts
+    # with, paired (repeats by their per-task majority)
     pairs = [("baseline", m) for m in runs if m != "baseline"] if "baseline" in runs else []
-    # each method against the baseline, paired (repeats by their per-task majority)
+    pairs += [("contextguard", m) for m in runs if m == "contextguard (edit)" and "contextguard" in runs]
     report = analysis.report(runs, repeats=labelled.repeats, notes=labelled.notes, pairs=pairs, **typed)
     outputs.write(report, out_dir)
     result.report = report

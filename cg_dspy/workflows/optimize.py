@@ -41,11 +41,11 @@ def optimize(*, settings: Tracking = Tracking(), alias: str | None = None, **opt
                                                         100 * c.score, c.index)
         result = plan.run()
         result.run_id = active.info.run_id
+        base = build_program(options.get("method", "contextguard"), options.get("ablate", ()),
+                             layout=options.get("layout", "chat"), policy=options.get("policy"),
+                             revision_mode=options.get("revision_mode", "rewrite"))
         _log(result, active.info.run_id, optimizer=options["optimizer"], budget=plan.budget,
-             tunable=plan.tunable, alias=alias, base=build_program(options.get("method", "contextguard"),
-                                                                   options.get("ablate", ()),
-                                                                   layout=options.get("layout", "chat"),
-                                                                   policy=options.get("policy")))
+             tunable=plan.tunable, alias=alias, base=base)
     return result
 
 
