@@ -105,24 +105,30 @@ def test_the_judge_grades_through_llama_cpp_server_in_both_protocols_and_the_ser
     urllib.request.urlopen(f"{llama_server}/models", timeout=10).read()  # the server is alive
 
 
-def test_edit_mode_runs_every_demo_task_through_llama_cpp_server_and_its_edits_parse(llama_server, tmp_path):
-    out = tmp_path / "edit.jsonl"
-    r = cli("run", str(DATA / "demo.jsonl"), "--out", str(out), "--revision-mode", "edit", "--model",
-            "openai/smollm", "--api-base", llama_server, "--max-tokens", str(MAX_TOKENS), "--no-cache", "--quiet",
-            "--no-track")
-    assert r.returncode == 0, r.stderr
-    summary = json.loads(r.stdout)
-    assert summary["finished"] == 4 and summary["failed"] == 0
-    rows = read_rows(out)
+def test_edit_mode_revises_every_demo_draft_through_llama_cpp_server_and_its_edits_parse(llama_server, demo_run,
+                                                                                          tmp_path):
+    """Edit mode on the demo run's own drafts (as `bench` pairs it with the rewrite): the
+    audit, checkers and edit stage through the server, every task finished."""
+    from cg_dspy.clbench import generation
+    from cg_dspy.clbench.data import load_tasks
+    from cg_dspy.lms import LMSettings, build_lm
+    from cg_dspy.method import build_program
+
+    drafts = {row["idx"]: row["trace"]["draft"] for row in read_rows(demo_run[0])}
+    lm = build_lm(LMSettings(model="openai/smollm", api_base=llama_server, max_tokens=MAX_TOKENS, cache=False))
+    result = generation.run(build_program("contextguard-edit"), load_tasks(DATA / "demo.jsonl").tasks,
+                            tmp_path / "edit.jsonl", lm=lm, method="contextguard-edit", drafts=drafts, progress=False)
+    assert result.summary["finished"] == 4 and not result.outcome.failed
+    rows = read_rows(tmp_path / "edit.jsonl")
+    assert {row["idx"]: row["trace"]["draft"] for row in rows} == drafts
     edited = [row for row in rows if "edit" in row["trace"]["cost"]]
     assert edited, [row["trace"]["path"] for row in rows]  # the edit stage ran on the real server
     assert any(row["trace"].get("edits") is not None for row in edited)  # and its JSON parsed into edits
     for row in rows:
         trace = row["trace"]
         assert trace["path"] in ("revised", "no-edit", "rolled-back", "early-return", "stage-failed")
-        if trace["path"] in ("no-edit", "early-return", "stage-failed"):
+        if trace["path"] != "revised":
             assert row["model_output"] == trace["draft"]  # nothing applied: the draft, byte for byte
-        if trace.get("edits"):
-            applied = trace["edits"]["applied"]
-            assert trace["path"] != "revised" or applied, trace["edits"]
-
+        elif trace.get("edits"):
+            assert trace["edits"]["applied"]
+    print(json.dumps({row["idx"]: [row["trace"]["path"], row["trace"].get("edits")] for row in rows}))
