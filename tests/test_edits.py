@@ -89,6 +89,45 @@ def test_a_cut_edit_list_applies_its_complete_edits_and_drops_the_last():
     assert [(d.edit, d.reason) for d in report.dropped] == [(2, CUT)]
 
 
+def test_a_long_passage_is_replaced_whole_and_a_replace_without_text_deletes_nothing():
+    long = "word " * 1000
+    answer = "START " + long + "END"
+    text, report = apply_edits(answer, [edit(1, "replace", long, "SHORT ")], fix_set=FIX)
+    assert text == "START SHORT END" and report.applied == [1]  # never clipped, so never half-replaced
+    unnamed = Edit.model_validate({"fix_item": 1, "action": "replace", "target": "Give 20 mg once daily with food.",
+                                   "replacement": "Give 10 mg."})
+    text, report = apply_edits(ANSWER, [unnamed], fix_set=FIX)
+    assert text == ANSWER and report.dropped[0].reason.startswith("no text given")
+    text, _ = apply_edits(ANSWER, [edit(1, "replace", "\nDo not combine with grapefruit juice.", "")], fix_set=FIX)
+    assert text == ANSWER.rsplit("\n", 1)[0]  # an empty text is a deletion, said on purpose
+
+
+def test_protection_is_judged_on_the_whole_answer_whole_numbers_and_phrases_an_insertion_would_split():
+    small = [PlanItem(tag="CONFIRMED-CORRECT", text="Take 2 tablets at night.")]
+    answer = "Take 2 tablets at night. Dose 20 mg."
+    text, report = apply_edits(answer, [edit(1, "replace", "Dose 20 mg.", "Dose 10 mg.")], fix_set=FIX,
+                               protect_set=small)
+    assert text == "Take 2 tablets at night. Dose 10 mg." and report.applied == [1]  # the protected "2" stays
+    split = [edit(2, "append", text="Ask your pharmacist."), edit(1, "insert_after", "Zorvan is not", "yet")]
+    text, report = apply_edits(ANSWER, split, fix_set=FIX, protect_set=PROTECT)
+    assert text == ANSWER + "\n\nAsk your pharmacist." and report.applied == [1]
+    assert report.dropped[0].reason.startswith("would change protected content [CONFIRMED-CORRECT]")
+
+
+def test_the_edit_schema_requires_every_field_and_leaves_passages_unbounded_for_grammars():
+    from pydantic import TypeAdapter
+
+    from cg_dspy.lms.embedded import UNBOUNDED, bound_schema
+    from cg_dspy.method.schemas import EditItems
+
+    schema = bound_schema({"type": "object", "properties": {"edits": TypeAdapter(EditItems).json_schema()}},
+                          max_items=24, max_chars=500)
+    item = schema["properties"]["edits"]["$defs"]["Edit"]
+    assert item["required"] == ["fix_item", "action", "target", "text"]
+    assert "maxLength" not in json.dumps(item["properties"]) and UNBOUNDED not in json.dumps(schema)
+    assert schema["properties"]["edits"]["maxItems"] == 24
+
+
 def _lines(answer: str) -> list[str]:
     """Lines of a real answer an edit can name: unique, long enough, no double quote."""
     return [line for line in dict.fromkeys(answer.splitlines())
@@ -256,3 +295,36 @@ def test_gepa_feedback_for_the_edit_stage_names_the_edits_that_did_not_apply():
     feedback = explain(["The response should end with Bye."], [False], prediction, "edit", draft=[False])
     assert "1 of 2 edit(s) could not be applied:\n- edit 1: the passage is not in the answer" in feedback
     assert "Path taken: revised." in feedback
+
+
+def test_a_cut_first_reply_asked_again_does_not_cost_the_retrys_last_edit(tmp_path):
+    good = [{"fix_item": 2, "action": "append", "text": "Ask your Brightwater pharmacist."},
+            {"fix_item": 1, "action": "replace", "target": "Give 20 mg once daily.", "text": "Give no dose."}]
+    base, seen = scripted(good), set()
+
+    def reply(messages):  # the first ask of each edit stage rambles past max_tokens, the retry answers
+        if '- "edits"' in messages[-1]["content"] and json.dumps(messages) not in seen:
+            seen.add(json.dumps(messages))
+            return "I will now think about the edits " * 30
+        return base(messages)
+
+    rows, _ = run_demo(tmp_path, reply, "--max-tokens", "60")
+    for row in rows.values():
+        trace = row["trace"]
+        assert trace["cost"]["edit"]["calls"] == 2 and trace["cost"]["edit"]["truncated"] == 1
+        assert trace["edits"]["applied"] == [1, 2] and trace["edits"]["dropped"] == []
+        assert row["model_output"] == ("Zorvan is not approved for children under 12. Give no dose. Ask your "
+                                       "pharmacist.\n\nAsk your Brightwater pharmacist.")
+
+
+@pytest.mark.parametrize("where", ["self-refine", "saved program"])
+def test_edit_mode_is_refused_where_it_would_be_ignored(tmp_path, where):
+    saved = tmp_path / "p.json"
+    saved.write_text(json.dumps(build_program("contextguard").dump_state()))
+    extra = ["--method", "self-refine"] if where == "self-refine" else ["--program", saved]
+    with ChatServer() as server:
+        r = cli("run", DATA / "demo.jsonl", "--out", tmp_path / "o.jsonl", "--revision-mode", "edit", *extra,
+                "--model", "openai/t", "--api-base", server.base_url, "--no-track")
+        assert server.requests == []
+    assert r.returncode == 2 and "revision" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "o.jsonl").exists()

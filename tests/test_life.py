@@ -163,6 +163,20 @@ def test_a_bad_policy_file_is_exit_2_naming_the_file_and_entry(tmp_path, body, m
     assert r.returncode == 2 and str(policy) in r.stderr and message in r.stderr
 
 
+def test_a_policy_naming_an_unknown_category_is_warned_and_the_papers_own_is_no_policy(tmp_path):
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"Domain Knowledge Reasonin": None}))  # a typo
+    with ChatServer() as server:
+        r = cli("run", DATA / "demo.jsonl", "--out", tmp_path / "a.jsonl", "--policy", policy, *remote(server),
+                "--no-track")
+    assert r.returncode == 0 and "'Domain Knowledge Reasonin' is no category of CL-bench or CLBench-life" in r.stderr
+    policy.write_text("{}")
+    with ChatServer() as server:
+        assert cli("run", DATA / "demo.jsonl", "--out", tmp_path / "b.jsonl", "--policy", policy, *remote(server),
+                   "--no-track").returncode == 0
+    assert read_rows(tmp_path / "b.jsonl")[0]["cg_dspy"]["run"]["config"]["policy"] is None  # resumes a plain run
+
+
 def test_reasoning_effort_reaches_the_task_lm_and_the_judge_only_when_asked(tmp_path):
     uri = f"sqlite:///{tmp_path}/m.db"
     with ChatServer() as task, ChatServer() as judge:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+from cg_dspy.core.messages import CATEGORIES, LIFE_CATEGORIES
 from cg_dspy.judge.voting import PROTOCOLS
 from cg_dspy.lms import DEFAULT_TIMEOUT, LMSettings
 from cg_dspy.lms.build import REASONING_EFFORTS
@@ -52,9 +54,15 @@ def policy_file(path: str) -> Policy:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise argparse.ArgumentTypeError(f"{path}: not JSON ({exc})") from None
     try:
-        return {**DEFAULT_POLICY, **parse_policy(body, path)}
+        parsed = parse_policy(body, path)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    unknown = sorted(set(parsed) - {*CATEGORIES, *LIFE_CATEGORIES})
+    if unknown:  # a category of another dataset, or a typo that would leave the real one on the default
+        print(f"warning: {path}: {', '.join(map(repr, unknown))} is no category of CL-bench or CLBench-life; "
+              "only tasks of exactly that category get its entry", file=sys.stderr)
+    merged = {**DEFAULT_POLICY, **parsed}
+    return None if merged == DEFAULT_POLICY else merged  # the paper's policy, said as in a run without --policy
 
 
 def add_lm_flags(p: argparse.ArgumentParser, prefix: str = "", role: str = "task") -> None:

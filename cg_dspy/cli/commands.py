@@ -26,8 +26,9 @@ from cg_dspy.reports.render import markdown
 
 def run(args) -> int:
     tasks, errors = console.load(args.tasks, args.strict, args.shard)
-    if args.program and args.policy:
-        raise ValueError("--policy: a saved program (--program) carries its own category policy")
+    if args.program and (args.policy or args.revision_mode != "rewrite"):
+        raise ValueError("--policy, --revision-mode: a saved program (--program) carries its own category policy "
+                         "and revision mode")
     if args.program:
         from cg_dspy.saved import load_program
 

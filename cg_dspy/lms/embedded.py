@@ -168,6 +168,7 @@ def schema_of(response_format) -> dict | None:
 GRAMMAR_MAX_CHARS = 500
 
 
+UNBOUNDED = "x-cg-unbounded"  # a schema property marked so gets no length bound (and loses the mark)
 FREE_TEXT_FIELDS = frozenset({"answer", "revised_answer", "feedback", "new_instruction", "shortened_instruction"})
 
 
@@ -187,6 +188,8 @@ def bound_schema(schema, max_items: int, max_chars: int, *, nested: bool = False
         return [bound_schema(v, max_items, max_chars, nested=nested) for v in schema]
     if not isinstance(schema, dict):
         return schema
+    if schema.get(UNBOUNDED):  # a string a bound would corrupt (an edit's passage): left unbounded
+        return {k: v for k, v in schema.items() if k != UNBOUNDED}
     inside = nested or schema.get("type") == "array"
     out = {k: bound_schema(v, max_items, max_chars, nested=inside or k == "$defs") for k, v in schema.items()}
     labels = isinstance(out.get("items"), dict) and "enum" in out["items"]

@@ -105,6 +105,9 @@ def build_program(method: str, ablate: tuple[str, ...] | list[str] = (), max_rou
     """The module for a method name; `contextguard-no-X` is ContextGuard with X ablated,
     `contextguard-edit` ContextGuard with edit-mode revision. `options`
     (min_length_ratio, policy, revision_mode) go to ContextGuard."""
+    if options.get("revision_mode") not in (None, "rewrite") and not method.startswith("contextguard"):
+        raise ValueError(f"revision mode {options['revision_mode']!r}: only ContextGuard's revision has modes, "
+                         f"not {method}'s")
     if method == "baseline":
         return Baseline()
     if method == "self-refine":

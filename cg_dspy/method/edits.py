@@ -5,10 +5,12 @@ An edit replaces an exact passage of the answer, inserts after an exact anchor, 
 appends. Its passage or anchor must occur exactly once in the answer it edits, every
 edit is located in that same answer, and an edit that would overlap one kept before it
 is dropped, so the text outside the edited passages is the answer's own, byte for byte.
-An edit must name its fix-set item. A replacement that would delete or change content
-a protection item names is refused, matched as the revision guard matches it: the
-item's concrete content (numbers, quoted strings, headings and labels) found in the
-passage and missing from its replacement, unless a fix item names it too.
+An edit must name its fix-set item. An edit that would delete or change content a
+protection item names is refused, matched as the revision guard matches it: the item's
+concrete content (numbers, quoted strings, headings and labels) present in the answer
+and missing once this edit alone is applied, unless a fix item names it too (so a
+passage holding a protected "2" may change when the "2" stays elsewhere, and an
+insertion that splits a protected phrase is refused).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def apply_edits(answer: str, edits: list[Edit], *, fix_set: list[PlanItem], prot
             if isinstance(located, str):
                 reason = located
             else:
-                reason = _overlap(located, kept) or _protected(edit, protect_set, fix_set)
+                reason = _overlap(located, kept) or _protected(answer, located, protect_set, fix_set)
                 if not reason:
                     kept.append(located)
                     continue
@@ -66,12 +68,14 @@ def _locate(answer: str, number: int, edit: Edit, fix_count: int) -> _Span | str
     if edit.fix_item is None or not 1 <= edit.fix_item <= fix_count:
         return f"names no fix-set item (fix_item {edit.fix_item}; the fix set has {fix_count})"
     if edit.action == "append":
-        if not edit.text.strip():
+        if not (edit.text or "").strip():
             return "appends nothing"
         return _Span(number, len(answer), len(answer), len(answer), edit)
     what = "passage" if edit.action == "replace" else "anchor"
     if not edit.target:
         return f"no {what} given"
+    if edit.text is None:
+        return "no text given (an empty text deletes the passage)" if what == "passage" else "inserts nothing"
     found = answer.count(edit.target)
     if found != 1:
         return f"the {what} is {'not in the answer' if not found else f'in the answer {found} times'}"
@@ -96,11 +100,9 @@ def _overlap(span: _Span, kept: list[_Span]) -> str:
     return ""
 
 
-def _protected(edit: Edit, protect_set: list[PlanItem], fix_set: list[PlanItem]) -> str:
-    """A replacement that would delete or change what a protection item names."""
-    if edit.action != "replace":
-        return ""  # an insertion or an append keeps every character of the answer
-    lost = protected_loss(edit.target, edit.text, protect_set, fix_set)
+def _protected(answer: str, span: _Span, protect_set: list[PlanItem], fix_set: list[PlanItem]) -> str:
+    """An edit that, applied alone, would delete or change what a protection item names."""
+    lost = protected_loss(answer, _compose(answer, [span]), protect_set, fix_set)
     return "; ".join(f"would change protected content [{tag}]: {', '.join(pieces)}" for tag, pieces in lost)
 
 

@@ -45,10 +45,17 @@ def protected_loss(before: str, after: str, protect_set: list[PlanItem],
     found = []
     for item in protect_set:
         lost = sorted(piece for piece in concrete_content(item.text)
-                      if piece in before_n and piece not in after_n and piece not in targeted)
+                      if _holds(before_n, piece) and not _holds(after_n, piece) and not _holds(targeted, piece))
         if lost:
             found.append((item.tag, lost))
     return found
+
+
+def _holds(text: str, piece: str) -> bool:
+    """`piece` in `text`; a number only as a whole number ("2" is not in "20" or "1.25")."""
+    if _NUMBER.fullmatch(piece):
+        return re.search(rf"(?<![\w.]){re.escape(piece)}(?!\w|\.\d)", text) is not None
+    return piece in text
 
 
 def structure_of(text: str) -> dict[str, int]:

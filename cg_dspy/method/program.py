@@ -252,11 +252,10 @@ class ContextGuard(SavesConfig, dspy.Module):
             return stages.run("revise", self.revise, conversation=conversation, previous_answer=answer,
                               fix_set=render_items(plan.fix_set),
                               protect_set=render_items(plan.protect_set)).revised_answer, None
-        cut_before = stages.cost["edit"]["truncated"]
         out = stages.run("edit", self.edit, conversation=conversation, previous_answer=answer,
                          fix_set=render_numbered(plan.fix_set), protect_set=render_items(plan.protect_set))
         return apply_edits(answer, out.edits or [], fix_set=plan.fix_set, protect_set=plan.protect_set,
-                           truncated=stages.cost["edit"]["truncated"] > cut_before)
+                           truncated=stages.cut.get("edit", False))
 
     def _audit(self, stages: Stages, conversation, answer, policy) -> AuditReport | None:
         """Q_A..Q_D; an integrated specialist's criteria are part of its own audit predictor."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from cg_dspy.core.messages import CATEGORIES, Category, Message  # noqa: F401 - their old home, kept importable
+from cg_dspy.lms.embedded import UNBOUNDED
 
 IssueType = Literal["numeric", "comparison", "coverage", "unit", "trend", "evidence"]
 
@@ -120,30 +121,33 @@ class GuardVerdict(BaseModel):
 # --- edit-mode revision ---------------------------------------------------------------
 
 EditAction = Literal["replace", "insert_after", "append"]
-MAX_EDIT_CHARS = 4000  # characters kept per edit's target or text
+# An edit's passage and text are never clipped (a clipped passage would replace only its
+# start) nor bounded in the output schema (a grammar would clip them the same way): a
+# model that loops is stopped by max_tokens, and the cut edit is dropped.
 _ACTION_WORDS = {"replace": "replace", "insert_after": "insert_after", "insert": "insert_after",
                  "insert after": "insert_after", "append": "append", "add": "append"}
 
 
-def _edit_text(value: object) -> str:
-    text = "" if value is None else str(value)
-    return text if len(text) <= MAX_EDIT_CHARS else text[:MAX_EDIT_CHARS]
+def _edit_text(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
-EditText = Annotated[str, BeforeValidator(_edit_text), Field(max_length=MAX_EDIT_CHARS)]
+EditText = Annotated[str | None, BeforeValidator(_edit_text), Field(json_schema_extra={UNBOUNDED: True})]
 
 
 class Edit(TextFirst):
     """One targeted edit of the current answer, tied to the fix-set item it addresses.
 
-    Every field is lenient (a missing or unknown value parses as empty): which edits
+    Every field is lenient (a missing or unknown value parses as None): which edits
     apply is decided by `method.edits.apply_edits`, which drops an unusable one with its
-    reason instead of losing the whole list to one bad item."""
+    reason instead of losing the whole list to one bad item. The schema a model is
+    asked for requires every field."""
 
+    model_config = ConfigDict(json_schema_extra={"required": ["fix_item", "action", "target", "text"]})
     fix_item: int | None = None  # the fix set's item number, as the prompt numbers them
     action: EditAction | None = None
-    target: EditText = ""  # replace: the exact passage; insert_after: the exact anchor
-    text: EditText = ""  # the new passage, or the text inserted or appended
+    target: EditText = None  # replace: the exact passage; insert_after: the exact anchor
+    text: EditText = None  # the new passage ("" deletes it), or the text inserted or appended
 
     @field_validator("action", mode="before")
     @classmethod

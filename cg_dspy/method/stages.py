@@ -39,6 +39,7 @@ class Stages:
         self.cost: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(COST_KEYS, 0))
         self.failures: list[str] = []
         self.structured_output: dict[str, str] = {}
+        self.cut: dict[str, bool] = {}  # whether the reply a stage's output was read from was cut
 
     def run(self, name: str, predictor, /, **inputs):
         """Call `predictor(**inputs)` as stage `name`; raise StageFailure on bad output."""
@@ -60,7 +61,8 @@ class Stages:
                 try:
                     out = predictor(**inputs, **({"config": config} if config else {}))
                     answered = True
-                    if any(f.truncated for f in facts):
+                    self.cut[name] = any(f.truncated for f in facts)
+                    if self.cut[name]:
                         self.failures.append(f"{name}: the reply was cut at max_tokens; what it holds is used")
                     return out
                 except (AdapterParseError, pydantic.ValidationError) as exc:
