@@ -15,6 +15,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from cg_dspy.lms.replicas import ReplicaLM
+
 ROLES = ("task", "judge", "reflection")
 PROGRESS_SECONDS = 15.0
 
@@ -95,4 +97,6 @@ def counted(lm, role: str, ledger: Ledger):
     if engine is None or isinstance(engine, str):
         raise ValueError(f"{getattr(lm, 'model', lm)}: its calls go through LiteLLM's own client, which this project "
                          "cannot count or cap; use openai/<name> with --api-base (any OpenAI-compatible server)")
+    if isinstance(lm, ReplicaLM):  # every replica's calls charged
+        return lm.copy(engine_wrapper=lambda inner: CountingEngine(inner, role, ledger))
     return lm.copy(engine=CountingEngine(engine, role, ledger))

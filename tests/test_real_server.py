@@ -115,7 +115,9 @@ def test_edit_mode_revises_every_demo_draft_through_llama_cpp_server_and_its_edi
     from cg_dspy.method import build_program
 
     drafts = {row["idx"]: row["trace"]["draft"] for row in read_rows(demo_run[0])}
-    lm = build_lm(LMSettings(model="openai/smollm", api_base=llama_server, max_tokens=MAX_TOKENS, cache=False))
+    # 160 tokens: room for an audit and an edit list of a demo answer (a cut one is handled), and a third less
+    # time than the run's 256 on this single-slot server
+    lm = build_lm(LMSettings(model="openai/smollm", api_base=llama_server, max_tokens=160, cache=False))
     result = generation.run(build_program("contextguard-edit"), load_tasks(DATA / "demo.jsonl").tasks,
                             tmp_path / "edit.jsonl", lm=lm, method="contextguard-edit", drafts=drafts, progress=False)
     assert result.summary["finished"] == 4 and not result.outcome.failed

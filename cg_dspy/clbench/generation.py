@@ -26,6 +26,7 @@ from cg_dspy.core.cost import cost_totals
 from cg_dspy.core.messages import chat_reply
 from cg_dspy.core.observe import span
 from cg_dspy.lms import lm_identity, patches, using
+from cg_dspy.lms.replicas import pinned
 
 
 def _dump(value):
@@ -95,7 +96,8 @@ def generate_row(program: dspy.Module, task: Task, method: str, lm, draft: str |
     list shows the question and the answer."""
     start = time.perf_counter()
     row = base_row(task, input_digest(task, draft))
-    with span(method, messages=row["messages"], category=task.category, task_id=task.idx) as watched, using(lm):
+    with span(method, messages=row["messages"], category=task.category, task_id=task.idx) as watched, using(lm), \
+            pinned(("task", method, task.idx)):  # every stage of a task on one replica (its prefix cached there)
         pred = program(conversation=task.messages, category=task.category, draft=draft)
         trace = {**trace_of(pred), "seconds": round(time.perf_counter() - start, 3)}
         totals = cost_totals(trace["cost"].values())
@@ -138,6 +140,7 @@ def run(
     (`for_repeat`). A task whose input changed since its row was written is done again."""
     patches.install()
     lm = for_repeat(lm, repeat)
+    before = lm.endpoint_stats() if hasattr(lm, "endpoint_stats") else None
     drafts = drafts or {}
     by_id = {t.idx: t for t in tasks}
     digests = {t.idx: input_digest(t, drafts.get(t.idx)) for t in tasks}
@@ -154,7 +157,10 @@ def run(
         store.discard(i for i, r in store.rows.items() if i in digests and r["cg_dspy"].get("input") != digests[i])
         outcome = execute(jobs, store, threads=threads, desc=method, postfix=paths, progress=progress,
                           error_row=failed_row)
-        return RunResult(outcome, summarize(outcome, store), list(store.rows.values()), store.differences)
+        summary = summarize(outcome, store)
+        if hasattr(lm, "endpoint_stats"):  # several replicas: this run's tasks, calls, failures, seconds of each
+            summary["endpoints"] = lm.endpoint_stats(since=before)
+        return RunResult(outcome, summary, list(store.rows.values()), store.differences)
 
 
 def summarize(outcome: Outcome, store: ResultStore) -> dict:

@@ -20,6 +20,7 @@ from cg_dspy.core.observe import span, trace_reference
 from cg_dspy.judge.verdicts import Grade, GradedTask, Verdict
 from cg_dspy.judge.voting import DEFAULT_VOTES, grade
 from cg_dspy.lms import lm_identity, patches
+from cg_dspy.lms.replicas import pinned
 
 
 def generation_cost(row: dict) -> dict:
@@ -79,10 +80,11 @@ def traced_grade(row: dict, **options) -> dict:
     generation recorded, else (a results file without one) a span opened for the grading."""
     ref = trace_reference((row.get("trace") or {}).get("mlflow"))
     if ref is not None:
-        graded, found = grade_row(row, **options)
+        with pinned(("grade", row_id(row))):  # a task's votes go to one judge replica
+            graded, found = grade_row(row, **options)
     else:
         with span("judge", messages=row.get("messages") or [], task_id=row_id(row),
-                  protocol=options.get("protocol")) as watched:
+                  protocol=options.get("protocol")) as watched, pinned(("grade", row_id(row))):
             graded, found = grade_row(row, **options)
             watched.set(score=graded["score"], satisfied=sum(s == "yes" for s in graded["requirement_status"]),
                         requirements=len(graded["requirement_status"]),
@@ -114,6 +116,7 @@ class GradeResult:
     outcome: Outcome
     rows: list[dict]
     differences: list[str]  # settings that differ from resumed rows (resume_anyway)
+    endpoints: dict | None = None  # several judge replicas: calls, failures and seconds of each
 
 
 def grade_file(
@@ -142,6 +145,7 @@ def grade_file(
         return unsolved(source[idx], protocol, f"Grading failed: {reason}")
 
     settings = grade_settings(protocol=protocol, votes=votes, early_stop=early_stop, judge_lm=judge_lm)
+    before = judge_lm.endpoint_stats() if hasattr(judge_lm, "endpoint_stats") else None
     with ResultStore(out, kind="graded", run=settings, inputs=inputs, force=force,
                      resume_anyway=resume_anyway) as store, ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         store.discard(i for i, g in store.rows.items()
@@ -153,5 +157,6 @@ def grade_file(
         jobs = [(row_id(r), lambda r=r: job(r)) for r in rows]
         outcome = execute(jobs, store, threads=threads, desc="judge", postfix=running_tsr,
                           progress=progress, error_row=failed)
+        endpoints = judge_lm.endpoint_stats(since=before) if before is not None else None
         return GradeResult(outcome, list(store.rows.values()) + [r for r in outcome.rows if r.get("error")],
-                           store.differences)
+                           store.differences, endpoints)

@@ -13,6 +13,7 @@ from cg_dspy.judge.voting import PROTOCOLS
 from cg_dspy.lms import DEFAULT_TIMEOUT, LMSettings
 from cg_dspy.lms.build import REASONING_EFFORTS
 from cg_dspy.lms.endpoint import STRUCTURED_OUTPUT
+from cg_dspy.lms.replicas import endpoints
 from cg_dspy.method import LAYOUTS, METHODS, method_names
 from cg_dspy.method.program import ABLATIONS, MAX_ROUNDS, REVISION_MODES
 from cg_dspy.method.specialists import DEFAULT_POLICY, Policy, parse_policy
@@ -69,7 +70,9 @@ def add_lm_flags(p: argparse.ArgumentParser, prefix: str = "", role: str = "task
     env = "CG_JUDGE_" if prefix else "CG_"
     p.add_argument(f"--{prefix}model", help=f"LiteLLM model string for the {role} LM (env {env}MODEL); "
                    "default: the embedded local model")
-    p.add_argument(f"--{prefix}api-base", help=f"OpenAI-compatible endpoint URL (env {env}API_BASE)")
+    p.add_argument(f"--{prefix}api-base", action="append",
+                   help=f"OpenAI-compatible endpoint URL (env {env}API_BASE); give it more than once (or a "
+                   "comma-separated list) for replicas of one model: each task is pinned to one of them")
     p.add_argument(f"--{prefix}temperature", type=float, help=f"sampling temperature (env {env}TEMPERATURE)")
     p.add_argument(f"--{prefix}max-tokens", type=positive_int, help=f"max output tokens per call (env "
                    f"{env}MAX_TOKENS); default: the server's own (the embedded model: 384)")
@@ -88,10 +91,13 @@ def add_lm_flags(p: argparse.ArgumentParser, prefix: str = "", role: str = "task
 
 def lm_settings(args, prefix: str = "") -> LMSettings:
     attr = prefix.replace("-", "_")
+    given = getattr(args, f"{attr}api_base")
+    for base in endpoints(",".join(given))[1] if given else ():
+        print(f"warning: --{prefix}api-base {base} is listed twice; it is one replica", file=sys.stderr)
     return LMSettings.from_env(
         "CG_JUDGE_" if prefix else "CG_",
         model=getattr(args, f"{attr}model"),
-        api_base=getattr(args, f"{attr}api_base"),
+        api_base=",".join(getattr(args, f"{attr}api_base")) if getattr(args, f"{attr}api_base") else None,
         temperature=getattr(args, f"{attr}temperature"),
         max_tokens=getattr(args, f"{attr}max_tokens"),
         structured_output=getattr(args, f"{attr}structured_output"),

@@ -76,7 +76,8 @@ def evaluate(args) -> int:
     summary = done.report.runs[Path(args.out).name]
     print(json.dumps({"tasks": summary.tasks, "solved": summary.rate.solved,
                       "task_solving_rate": summary.task_solving_rate, "task_solving_rate_ci95": summary.rate.ci95,
-                      "near_miss": summary.near_miss}, indent=1))
+                      "near_miss": summary.near_miss,
+                      **({"endpoints": done.graded.endpoints} if done.graded.endpoints else {})}, indent=1))
     console.differences(done.graded.differences, args.out)
     console.failures(done.graded.outcome.failed, "to grade")
     if done.graded.outcome.interrupted:

@@ -11,8 +11,9 @@ paper's: K = 3, early stop, votes sampled at temperature 0.6.
 
 from __future__ import annotations
 
+import contextvars
 import functools
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import dspy
 import pydantic
@@ -147,7 +148,11 @@ def grade(answer: str, rubrics: list[str], *, judge_lm, protocol: str = "rubric"
         return Verdict(requirement, found.status, tuple(v["status"] for v in found.votes),
                        (found.votes[-1].get("reason") or "").strip())
 
-    verdicts = list(pool.map(one, rubrics)) if pool else [one(r) for r in rubrics]
+    # Each requirement runs in this task's context (its replica pin, lms.replicas.pinned).
+    futures = [pool.submit(contextvars.copy_context().run, one, r) for r in rubrics] if pool else None
+    if futures:
+        wait(futures)  # all of them, even when one fails: none may outlive its task's pin
+    verdicts = [f.result() for f in futures] if futures else [one(r) for r in rubrics]
     # The rationale is for reading, one line per requirement, so no reason can pose as another line.
     rationale = "\n".join(f"Requirement {i + 1}: {v.status} ({' '.join(v.reason.split())[:300]})"
                           for i, v in enumerate(verdicts))

@@ -24,6 +24,7 @@ from cg_dspy.lms.embedded import (
     find_local_gguf,
 )
 from cg_dspy.lms.endpoint import ENDPOINT_MARK, EndpointEngine
+from cg_dspy.lms.replicas import ReplicaLM, endpoints
 
 DEFAULT_TIMEOUT = 600.0  # seconds per request: long CL-bench answers and thinking take minutes
 ENDPOINT_PROVIDERS = ("openai", "hosted_vllm")  # LiteLLM prefixes served through EndpointEngine
@@ -110,23 +111,37 @@ def build_lm(settings: LMSettings, *, default_temperature: float = 0.0) -> dspy.
         return dspy.LM(LOCAL_MODEL, engine=LlamaCppEngine(find_local_gguf(), schema_bounds=bounds),
                        max_tokens=settings.max_tokens or LOCAL_MAX_TOKENS, num_retries=0, **common)
     provider, _, model_id = settings.model.partition("/")
+    bases, _ = endpoints(settings.api_base)  # an endpoint listed twice is one replica
     if provider in ENDPOINT_PROVIDERS:
-        base = (settings.api_base or OPENAI_BASE).rstrip("/")
-        dialect = "openai" if urlparse(base).hostname == "api.openai.com" else "vllm"
-        key = os.environ.get("OPENAI_API_KEY")
-        if not key and dialect == "openai":
-            raise ValueError(f"{settings.model}: OPENAI_API_KEY is not set (or pass --api-base for a self-hosted "
-                             "OpenAI-compatible server)")
-        # Self-hosted servers often need no key, but the wire wants one; a placeholder is not a secret.
-        engine = EndpointEngine(model_id, base, api_key=key or "no-key", timeout=settings.timeout or DEFAULT_TIMEOUT,
-                                dialect=dialect, structured_output=settings.structured_output, schema_bounds=bounds)
-        return dspy.LM(settings.model, engine=engine, max_tokens=settings.max_tokens,
-                       num_retries=settings.num_retries, metadata={ENDPOINT_MARK: base}, **common)
-    kwargs: dict[str, object] = {"api_base": settings.api_base} if settings.api_base else {}
+        if len(bases) > 1:  # one LM per replica, one cache for all: they serve one model
+            one = {"num_retries": min(settings.num_retries, 1), "cache_key": ",".join(sorted(bases))}
+            return ReplicaLM([_endpoint_lm(settings, model_id, base, bounds, common, **one) for base in bases], bases)
+        return _endpoint_lm(settings, model_id, bases[0] if bases else OPENAI_BASE, bounds, common)
+    if len(bases) > 1:
+        raise ValueError(f"{settings.model}: several --api-base endpoints are served as replicas through an "
+                         "OpenAI-compatible model string (openai/NAME or hosted_vllm/NAME)")
+    kwargs: dict[str, object] = {"api_base": settings.api_base.strip()} if bases else {}  # as given, as before
     if settings.timeout:
         kwargs["timeout"] = settings.timeout
     return dspy.LM(settings.model, max_tokens=settings.max_tokens, num_retries=settings.num_retries,
                    **common, **kwargs)
+
+
+def _endpoint_lm(settings: LMSettings, model_id: str, base: str, bounds, common: dict, *,
+                 num_retries: int | None = None, cache_key: str | None = None) -> dspy.LM:
+    """A dspy.LM on one OpenAI-compatible endpoint (DSPy's cache keyed by `cache_key`,
+    the endpoint by default)."""
+    dialect = "openai" if urlparse(base).hostname == "api.openai.com" else "vllm"
+    key = os.environ.get("OPENAI_API_KEY")
+    if not key and dialect == "openai":
+        raise ValueError(f"{settings.model}: OPENAI_API_KEY is not set (or pass --api-base for a self-hosted "
+                         "OpenAI-compatible server)")
+    # Self-hosted servers often need no key, but the wire wants one; a placeholder is not a secret.
+    engine = EndpointEngine(model_id, base, api_key=key or "no-key", timeout=settings.timeout or DEFAULT_TIMEOUT,
+                            dialect=dialect, structured_output=settings.structured_output, schema_bounds=bounds)
+    return dspy.LM(settings.model, engine=engine, max_tokens=settings.max_tokens,
+                   num_retries=settings.num_retries if num_retries is None else num_retries,
+                   metadata={ENDPOINT_MARK: cache_key or base}, **common)
 
 
 def lm_identity(lm) -> dict:
@@ -138,7 +153,9 @@ def lm_identity(lm) -> dict:
                 "max_tokens": kwargs.get("max_tokens") or kwargs.get("max_completion_tokens")}
     if kwargs.get("reasoning_effort"):  # only when sent, so files written before it still resume
         identity["reasoning_effort"] = kwargs["reasoning_effort"]
-    if hasattr(engine, "describe"):
+    if hasattr(lm, "describe"):  # several replicas: every endpoint
+        identity.update(lm.describe())
+    elif hasattr(engine, "describe"):
         identity.update(engine.describe())
     elif kwargs.get("api_base"):
         identity["api_base"] = kwargs["api_base"]

@@ -99,6 +99,8 @@ class EndpointEngine:
         self.mode: str | None = None if structured_output == "auto" else structured_output
         self._schema_bounds = schema_bounds  # callable(schema) -> schema, or None
         self._negotiating = threading.Lock()
+        self.served_model: str | None = None  # the `model` of the first reply (replicas must agree)
+        self.sent = 0  # requests that left for the endpoint (a cache hit sends none)
 
     def describe(self) -> dict:
         bounds = getattr(self._schema_bounds, "keywords", None) or {}
@@ -151,6 +153,7 @@ class EndpointEngine:
         return replace(wire, config=replace(wire.config, response_format=None, extensions=extensions or None))
 
     def _send(self, wire: lm15.Request, mode: str | None) -> lm15.Response:
+        self.sent += 1
         try:
             response = self._router.complete(self._formatted(wire, mode))
         except lm15.TransportError as exc:
@@ -160,6 +163,7 @@ class EndpointEngine:
                     "may still be generating it (raise --timeout, lower --max-tokens, or rerun to retry the task)",
                     provider="endpoint") from exc
             raise
+        self.served_model = self.served_model or response.model
         response, reasoning = without_reasoning(response)
         report_call(response, reasoning, mode)
         return response

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dspy
 
+from cg_dspy.lms.replicas import one_task
 from cg_dspy.method.program import SavesConfig, as_conversation, check_layout, continued
 from cg_dspy.method.signatures import Generate, SelfFeedback, SelfRefineRevision
 from cg_dspy.method.stages import StageFailure, Stages
@@ -51,6 +52,10 @@ class SelfRefine(SavesConfig, dspy.Module):
         return ProgramConfig("self-refine", layout=self.layout).dump()
 
     def forward(self, conversation, category: str | None = None, draft: str | None = None) -> dspy.Prediction:
+        with one_task():  # its three calls on one replica when the LM has several
+            return self._forward(conversation, draft)
+
+    def _forward(self, conversation, draft: str | None) -> dspy.Prediction:
         conversation = as_conversation(conversation)
         stages = Stages()
         if draft is None:

@@ -21,6 +21,7 @@ import dspy
 from cg_dspy.core.messages import TASK_DELIMITER, Message
 from cg_dspy.core.observe import span
 from cg_dspy.lms.adapter import stage_messages
+from cg_dspy.lms.replicas import one_task
 from cg_dspy.method import specialists
 from cg_dspy.method.edits import apply_edits
 from cg_dspy.method.guard import MIN_LENGTH_RATIO, revision_guard
@@ -183,6 +184,10 @@ class ContextGuard(SavesConfig, dspy.Module):
 
     def forward(self, conversation, category: str, draft: str | None = None) -> dspy.Prediction:
         """Run Algorithm 1. Pass `draft` to revise an existing draft (paired comparisons)."""
+        with one_task():  # every stage on one replica when the LM has several
+            return self._forward(conversation, category, draft)
+
+    def _forward(self, conversation, category: str, draft: str | None) -> dspy.Prediction:
         conversation, stages = as_conversation(conversation), Stages()
         draft = self._draft(stages, conversation) if draft is None else draft
         chat = self._draft_chat(conversation)

@@ -17,7 +17,9 @@ Loopback only; stops with the test.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from cg_dspy.optimize.plausible import PlausibleModel, default_reply
+from cg_dspy.testing.prefix import PrefixCache, common_prefix, serialized  # noqa: F401 - used by tests, benchmarks
 
 Realistic = PlausibleModel  # `ChatServer(reply=Realistic(salt))`: replies that cost what a real model's do
 
@@ -61,45 +64,6 @@ def completion(model: str | None, content: str, usage: dict | None, *, finish_re
     return body
 
 
-def serialized(messages: list[dict]) -> str:
-    """A chat template: the text a server prefills for `messages`, ending where the
-    assistant's reply begins."""
-    return "".join(f"<|{m.get('role')}|>\n{m.get('content') or ''}<|end|>\n" for m in messages) + "<|assistant|>\n"
-
-
-def common_prefix(a: str, b: str) -> int:
-    """Length of the longest common prefix (binary search on C-level slice compares)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-class PrefixCache:
-    """Accounting like vLLM's automatic prefix caching: a request pays prefill only for
-    what follows its longest common prefix with an earlier prompt or generation (a
-    reply is cached as the continuation of its prompt). In characters of `serialized`."""
-
-    def __init__(self) -> None:
-        self.sequences: list[str] = []
-        self.requests: list[dict] = []
-
-    def prefill(self, prompt: str) -> int:
-        """Characters of `prompt` already cached."""
-        return max((common_prefix(prompt, seq) for seq in self.sequences), default=0)
-
-    def record(self, prompt: str, reply: str) -> dict:
-        cached = self.prefill(prompt)
-        self.sequences.append(prompt + reply + "<|end|>\n")
-        entry = {"prompt_chars": len(prompt), "uncached_chars": len(prompt) - cached, "completion_chars": len(reply)}
-        self.requests.append(entry)
-        return entry
-
-
 def token_limit(body: dict, profile: str) -> int | None:
     """The reply's token limit as the profile's server reads it."""
     names = ("max_tokens",) if profile == "llama-cpp" else ("max_tokens", "max_completion_tokens")
@@ -119,7 +83,8 @@ class ChatServer:
 
     def __init__(self, reply: Callable[[list[dict]], str] = default_reply, latency: float = 0.0,
                  model_context: int = 32_768, report_usage: bool = True, profile: str = "vllm",
-                 reasoning: str | None = None, prefix_cache: bool = False):
+                 reasoning: str | None = None, prefix_cache: bool = False, slots: int | None = None,
+                 served_model: str | None = None):
         if profile not in PROFILES or reasoning not in (None, "inline", "template", "field", "reasoning"):
             raise ValueError(f"profile {profile!r} / reasoning {reasoning!r}")
         self.reply = reply
@@ -132,12 +97,19 @@ class ChatServer:
         # (a reasoning parser on); "reasoning": in `reasoning` (newer vLLM's name for it).
         self.reasoning = reasoning
         self.cache = PrefixCache() if prefix_cache else None  # reports cached prompt tokens when on
+        # `slots`: requests served at once, like a llama.cpp server's --parallel (the rest queue)
+        self._slots = threading.BoundedSemaphore(slots) if slots else None
+        self.served_model = served_model  # the `model` every reply names (default: the one asked for)
+        self._connections: set = set()  # open client sockets (kill() cuts them)
+        self._dead = False
         self.faults: list[Fault] = []
         self.requests: list[dict] = []
         self.arrivals: list[float] = []
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._httpd.daemon_threads = True
+        report = self._httpd.handle_error  # after kill(), a cut connection is expected, not news
+        self._httpd.handle_error = lambda request, address: None if self._dead else report(request, address)
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
     @property
@@ -149,8 +121,21 @@ class ChatServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        if not self._dead:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+
+    def kill(self) -> None:
+        """Die as a server process dies: no new connection is accepted and every open one
+        is cut (a client keeping its connection alive sees it reset)."""
         self._httpd.shutdown()
         self._httpd.server_close()
+        with self._lock:
+            self._dead = True
+            for sock in list(self._connections):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                    sock.close()
 
     def inject(self, kind: str, **kwargs) -> None:
         with self._lock:
@@ -189,7 +174,8 @@ class ChatServer:
                 cached = self.cache.prefill(template)
                 self.cache.record(template, text)
             usage["prompt_tokens_details"] = {"cached_tokens": len(template[:cached].split())}
-        return completion(body.get("model", "test-model"), text, usage if self.report_usage else None,
+        model = self.served_model or body.get("model", "test-model")
+        return completion(model, text, usage if self.report_usage else None,
                           finish_reason="length" if truncated else "stop", reasoning=reasoning,
                           reasoning_key="reasoning" if self.reasoning == "reasoning" else "reasoning_content")
 
@@ -203,6 +189,17 @@ class ChatServer:
             def log_message(self, *args):  # quiet
                 pass
 
+            def setup(self):
+                super().setup()
+                with server._lock:
+                    server._connections.add(self.connection)
+
+            def finish(self):
+                with server._lock:
+                    server._connections.discard(self.connection)
+                with contextlib.suppress(OSError):
+                    super().finish()
+
             def do_GET(self):  # /v1/models, for clients that probe
                 self._json(200, {"object": "list", "data": [{"id": "test-model", "object": "model"}]})
 
@@ -213,6 +210,12 @@ class ChatServer:
                 with server._lock:
                     server.requests.append(body)
                     server.arrivals.append(time.monotonic())
+                if server._slots is None:
+                    return self._serve(body, messages, prompt)
+                with server._slots:
+                    return self._serve(body, messages, prompt)
+
+            def _serve(self, body, messages, prompt):
                 if server.latency:
                     time.sleep(server.latency)
                 fault = server._take_fault(prompt)

@@ -19,6 +19,7 @@ from cg_dspy.tracking.runs import (
     log_artifacts,
     log_comparison,
     log_dict,
+    log_endpoints,
     log_metrics,
     log_report,
     log_run_summary,
@@ -32,6 +33,6 @@ from cg_dspy.tracking.traces import TraceReport, find_traces, trace_ids, tracing
 
 __all__ = ["DEFAULT_EXPERIMENT", "DEFAULT_TRACKING_URI", "KIND_TAG", "PROGRAM_ARTIFACT", "StoreUnreachable",
            "TraceReport", "autolog", "find_traces", "load_program_state", "load_prompt_state", "log_artifacts",
-           "log_comparison", "log_dict", "log_metrics", "log_program", "log_report", "log_run_summary", "log_split",
-           "log_step", "log_summary", "log_text", "register_prompts", "register_split", "run", "setup", "trace_ids",
-           "tracing"]
+           "log_comparison", "log_dict", "log_endpoints", "log_metrics", "log_program", "log_report",
+           "log_run_summary", "log_split", "log_step", "log_summary", "log_text", "register_prompts",
+           "register_split", "run", "setup", "trace_ids", "tracing"]

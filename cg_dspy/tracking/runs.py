@@ -133,6 +133,15 @@ def log_run_summary(summary: dict) -> None:
     log_metrics({k: v for k, v in summary.items() if not isinstance(v, dict)})
     log_metrics(summary.get("paths") or {}, prefix="paths.")
     log_metrics(summary.get("traces") or {}, prefix="traces.")
+    log_endpoints(summary.get("endpoints"))
+
+
+def log_endpoints(stats: dict | None) -> None:
+    """Per replica (numbered in the order --api-base gave them, each one's URL a tag):
+    tasks, calls, failures and seconds."""
+    for i, (base, counts) in enumerate((stats or {}).items()):
+        mlflow().set_tag(f"endpoint.{i}", base)
+        log_metrics(counts, prefix=f"endpoint.{i}.")
 
 
 def log_text(text: str, artifact_file: str) -> None:

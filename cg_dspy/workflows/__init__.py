@@ -144,6 +144,7 @@ def evaluate(rows, out: str | os.PathLike, *, judge_lm, tracking: Tracking = Tra
 
             mlflow_tracking.log_report(report, per_run=False)
             mlflow_tracking.log_metrics(run_.traced_counts(), prefix="traces.")
+            mlflow_tracking.log_endpoints(graded.endpoints)
             mlflow_tracking.log_text(markdown.to_markdown(report), "report.md")
             if graded.outcome.interrupted:
                 run_.stopped_early()
