@@ -27,7 +27,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -62,14 +61,8 @@ def marker(body: dict) -> str:
     return next(m["content"] for m in body["messages"] if m["role"] == "user")[:80]
 
 
-def run(servers: list[ChatServer], todo: list[Task], out: Path, *, kill_after: int | None = None) -> dict:
+def run(servers: list[ChatServer], todo: list[Task], out: Path) -> dict:
     lm = build_lm(LMSettings(model="openai/bench-model", api_base=",".join(s.base_url for s in servers), cache=False))
-    if kill_after is not None:
-        def kill():
-            while len(servers[0].requests) < kill_after:
-                time.sleep(0.005)
-            servers[0].kill()
-        threading.Thread(target=kill, daemon=True).start()
     with Timer() as t:
         result = generation.run(build_program("contextguard"), todo, out, lm=lm, method="contextguard",
                                 threads=THREADS, progress=False)
@@ -88,11 +81,11 @@ def test_server_part(tmp: Path) -> tuple[dict, list, dict]:
     todo = tasks()
     results = {}
     for name, n, kill in (("1 replica", 1, None), ("4 replicas", 4, None), ("4 replicas, 1 killed", 4, 15)):
-        servers = [ChatServer(latency=LATENCY, slots=1) for _ in range(n)]
+        servers = [ChatServer(latency=LATENCY, slots=1, die_after=kill if i == 0 else None) for i in range(n)]
         for s in servers:
             s.__enter__()
         try:
-            results[name] = run(servers, todo, tmp / f"{n}-{kill}.jsonl", kill_after=kill)
+            results[name] = run(servers, todo, tmp / f"{n}-{kill}.jsonl")
         finally:
             for s in servers:
                 s.__exit__(None, None, None)

@@ -17,7 +17,7 @@ from conftest import DATA, cli
 
 from cg_dspy.clbench.store import read_rows
 
-MAX_TOKENS = 256
+MAX_TOKENS = 192  # room for a demo answer and an audit; every reply on this single-slot server costs time
 
 
 def free_port() -> int:
@@ -37,7 +37,7 @@ def llama_server():
         pytest.skip("embedded model not installed")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", "8192",
-                             "--host", "127.0.0.1", "--port", str(port)],
+                             "--host", "127.0.0.1", "--port", str(port), "--n_threads", "2"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.time() + 120

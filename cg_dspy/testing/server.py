@@ -84,7 +84,7 @@ class ChatServer:
     def __init__(self, reply: Callable[[list[dict]], str] = default_reply, latency: float = 0.0,
                  model_context: int = 32_768, report_usage: bool = True, profile: str = "vllm",
                  reasoning: str | None = None, prefix_cache: bool = False, slots: int | None = None,
-                 served_model: str | None = None):
+                 served_model: str | None = None, die_after: int | None = None):
         if profile not in PROFILES or reasoning not in (None, "inline", "template", "field", "reasoning"):
             raise ValueError(f"profile {profile!r} / reasoning {reasoning!r}")
         self.reply = reply
@@ -101,6 +101,7 @@ class ChatServer:
         self._slots = threading.BoundedSemaphore(slots) if slots else None
         self.served_model = served_model  # the `model` every reply names (default: the one asked for)
         self._connections: set = set()  # open client sockets (kill() cuts them)
+        self.die_after = die_after  # kill() itself when this many requests have arrived
         self._dead = False
         self.faults: list[Fault] = []
         self.requests: list[dict] = []
@@ -210,6 +211,10 @@ class ChatServer:
                 with server._lock:
                     server.requests.append(body)
                     server.arrivals.append(time.monotonic())
+                    dies = server.die_after is not None and len(server.requests) >= server.die_after
+                if dies:  # this request is never answered: the process died with it
+                    server.kill()
+                    return None
                 if server._slots is None:
                     return self._serve(body, messages, prompt)
                 with server._slots:
