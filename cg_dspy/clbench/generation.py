@@ -26,7 +26,6 @@ from cg_dspy.core.cost import cost_totals
 from cg_dspy.core.messages import chat_reply
 from cg_dspy.core.observe import span
 from cg_dspy.lms import lm_identity, patches, using
-from cg_dspy.lms.replicas import pinned
 
 
 def _dump(value):
@@ -96,8 +95,7 @@ def generate_row(program: dspy.Module, task: Task, method: str, lm, draft: str |
     list shows the question and the answer."""
     start = time.perf_counter()
     row = base_row(task, input_digest(task, draft))
-    with span(method, messages=row["messages"], category=task.category, task_id=task.idx) as watched, using(lm), \
-            pinned(("task", method, task.idx)):  # every stage of a task on one replica (its prefix cached there)
+    with span(method, messages=row["messages"], category=task.category, task_id=task.idx) as watched, using(lm):
         pred = program(conversation=task.messages, category=task.category, draft=draft)
         trace = {**trace_of(pred), "seconds": round(time.perf_counter() - start, 3)}
         totals = cost_totals(trace["cost"].values())

@@ -80,11 +80,10 @@ def traced_grade(row: dict, **options) -> dict:
     generation recorded, else (a results file without one) a span opened for the grading."""
     ref = trace_reference((row.get("trace") or {}).get("mlflow"))
     if ref is not None:
-        with pinned(("grade", row_id(row))):  # a task's votes go to one judge replica
-            graded, found = grade_row(row, **options)
+        graded, found = grade_row(row, **options)
     else:
         with span("judge", messages=row.get("messages") or [], task_id=row_id(row),
-                  protocol=options.get("protocol")) as watched, pinned(("grade", row_id(row))):
+                  protocol=options.get("protocol")) as watched:
             graded, found = grade_row(row, **options)
             watched.set(score=graded["score"], satisfied=sum(s == "yes" for s in graded["requirement_status"]),
                         requirements=len(graded["requirement_status"]),
@@ -151,8 +150,9 @@ def grade_file(
         store.discard(i for i, g in store.rows.items()
                       if i in source and g["cg_dspy"].get("input") != graded_input(source[i]))
         def job(r: dict) -> dict:
-            return traced_grade(r, protocol=protocol, judge_lm=judge_lm, votes=votes, early_stop=early_stop,
-                                pool=pool)
+            with pinned(("grade", row_id(r))):  # a task's votes go to one judge replica
+                return traced_grade(r, protocol=protocol, judge_lm=judge_lm, votes=votes, early_stop=early_stop,
+                                    pool=pool)
 
         jobs = [(row_id(r), lambda r=r: job(r)) for r in rows]
         outcome = execute(jobs, store, threads=threads, desc="judge", postfix=running_tsr,

@@ -97,7 +97,7 @@ def lm_settings(args, prefix: str = "") -> LMSettings:
     return LMSettings.from_env(
         "CG_JUDGE_" if prefix else "CG_",
         model=getattr(args, f"{attr}model"),
-        api_base=",".join(getattr(args, f"{attr}api_base")) if getattr(args, f"{attr}api_base") else None,
+        api_base=",".join(given) if given else None,
         temperature=getattr(args, f"{attr}temperature"),
         max_tokens=getattr(args, f"{attr}max_tokens"),
         structured_output=getattr(args, f"{attr}structured_output"),

@@ -70,7 +70,7 @@ class RubricMetric:
         draft = None
         started = getattr(prediction, "draft", None)
         if stage in ("revise", "edit") and started not in (None, getattr(prediction, "answer", None)):
-            draft = self.labels(prediction.draft, rubrics)  # what the revision started from
+            draft = self.labels(started, rubrics)  # what the revision started from
         return dspy.Prediction(score=score, feedback=explain(rubrics, labels, prediction, stage, draft))
 
 

@@ -241,8 +241,7 @@ class ReplicaLM(dspy.BaseLM):
         return self._routed(lambda lm: lm(*args, **kwargs))
 
     def _routed(self, call):
-        key = _TASK.get()
-        with one_task() if key is None else contextlib.nullcontext():
+        with one_task():  # a call outside any task is one
             return self._pinned_call(_TASK.get(), call)
 
     def _pinned_call(self, key: object, call):
@@ -283,10 +282,10 @@ class ReplicaLM(dspy.BaseLM):
                 self.stats[index].seconds += time.perf_counter() - start
                 for suspect in suspects:  # another replica answered: those were the replicas' fault
                     self.pinning.fail(suspect, time.monotonic())
-                self._check_model(index)
+                self._check_model()
             return result
 
-    def _check_model(self, index: int) -> None:
+    def _check_model(self) -> None:
         served = {i: getattr(lm.engine, "served_model", None) for i, lm in enumerate(self.lms)}
         named = {m for m in served.values() if m}
         if len(named) > 1:
