@@ -27,6 +27,17 @@ def pytest_configure(config):
     _new_stores_from_a_template()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` is one worker more than there are cores: many tests spend part of their
+    time waiting (on a signalled command, a slowed test server, the llama.cpp server's
+    replies), and the extra worker runs while they wait. xdist's own variable still
+    overrides it."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return len(os.sched_getaffinity(0)) + 1
+
+
 def _new_stores_from_a_template():
     """A new MLflow sqlite store is a copy of one MLflow migrated at the start of the
     session, not a fresh migration: the same tables, rows and schema revision (MLflow

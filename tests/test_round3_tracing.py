@@ -32,6 +32,7 @@ def test_6_a_killed_writer_is_reported_exactly_and_eval_says_what_it_skipped(tmp
                      *remote(server, track=True))
         wait_for_requests(server)
         os.kill(writer_of(proc.pid), signal.SIGKILL)
+        server.latency = 0  # slow replies only kept the run going until the writer was killed
         stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 0, stderr  # every row is there; only traces were lost
         summary = json.loads(stdout)
@@ -55,6 +56,7 @@ def test_6_a_stopped_writer_never_hangs_a_run_and_ctrl_c_while_waiting_ends_clea
         wait_for_requests(server)
         writer = writer_of(proc.pid)
         os.kill(writer, signal.SIGSTOP)
+        server.latency = 0  # slow replies only kept the run going until the writer was stopped
         stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 0 and json.loads(stdout)["traces"]["stored"] == 0
         assert "stored nothing for 3 s and was stopped" in stderr and not alive(writer)
@@ -64,6 +66,7 @@ def test_6_a_stopped_writer_never_hangs_a_run_and_ctrl_c_while_waiting_ends_clea
         wait_for_requests(server, n + 1)
         writer = writer_of(proc.pid)
         os.kill(writer, signal.SIGSTOP)
+        server.latency = 0  # slow replies only kept the run going until the writer was stopped
         while len(read_rows(tmp_path / "b.jsonl")) < 4 and proc.poll() is None:
             time.sleep(0.05)
         time.sleep(0.5)  # now waiting for the writer
