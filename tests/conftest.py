@@ -35,7 +35,9 @@ def pytest_xdist_auto_num_workers(config):
     overrides it."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
-    return len(os.sched_getaffinity(0)) + 1
+    from xdist.plugin import pytest_xdist_auto_num_workers as cores
+
+    return cores(config) + 1
 
 
 def _new_stores_from_a_template():

@@ -66,9 +66,12 @@ def demo_run(llama_server, tmp_path_factory):
     (the cache starts empty; a retry is its own sample), and the second reuses the
     first's identical draft, audit and checker requests from the cache, so only its edit
     stage goes to the server. Both in this fixture: each test starts with the cache
-    emptied. The tests below read, edit and grade these rows."""
+    emptied. In memory only (a module fixture runs before the per-test isolation, when
+    DSPy's default cache would write under the home directory). The tests below read,
+    edit and grade these rows."""
     import dspy
 
+    dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=True)
     dspy.cache.reset_memory_cache()
     folder = tmp_path_factory.mktemp("real")
     runs = {}
@@ -133,7 +136,9 @@ def test_edit_mode_revises_every_demo_draft_through_llama_cpp_server_and_its_edi
     """Edit mode on the rewrite run's own drafts, audits and checks (`run --revision-mode
     edit` after `run`, DSPy's cache on): every task finished, the edit stage through
     the server, and its JSON parsed into edits."""
-    (first, _), (out, r) = demo_run["rewrite"], demo_run["edit"]
+    first, r = demo_run["rewrite"]
+    assert r.returncode == 0, r.stderr  # (the first run's own checks: the test above)
+    out, r = demo_run["edit"]
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["finished"] == 4 and summary["failed"] == 0

@@ -60,6 +60,7 @@ def test_6_a_stopped_writer_never_hangs_a_run_and_ctrl_c_while_waiting_ends_clea
         stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 0 and json.loads(stdout)["traces"]["stored"] == 0
         assert "stored nothing for 3 s and was stopped" in stderr and not alive(writer)
+        server.latency = 0.2  # slow again: the second run must still be running when its writer is stopped
         proc = spawn("run", str(DEMO), "--out", str(tmp_path / "b.jsonl"), "--threads", "1", "--tracking-uri", uri,
                      *remote(server, track=True))
         n = len(server.requests)
