@@ -36,6 +36,11 @@ from cg_dspy.saved import check_output, program_from_state, save_program
 # The audit (generic, and each integrated specialist's own, as the default policy runs
 # them) and the revision: the prompts the paper's method turns on.
 DEFAULT_TUNABLE = ("audit", *integrated_audits(), "revise")
+
+
+def default_tunable(revision_mode: str = "rewrite") -> tuple[str, ...]:
+    """What is tuned unless told: the audits and the revision stage the mode runs."""
+    return DEFAULT_TUNABLE if revision_mode == "rewrite" else (*DEFAULT_TUNABLE[:-1], "edit")
 DEV_VOTES = 3  # the paper's K: dev is judged as results are reported
 
 
@@ -160,7 +165,7 @@ def prepare(
     budget: str = "light",
     method: str = "contextguard",
     ablate: tuple[str, ...] = (),
-    tunable: tuple[str, ...] = DEFAULT_TUNABLE,
+    tunable: tuple[str, ...] | None = None,
     layout: str = "chat",
     policy: dict | None = None,
     revision_mode: str = "rewrite",
@@ -193,8 +198,7 @@ def prepare(
         if optimizer == "gepa" and (log_dir.is_symlink() or (log_dir.exists() and not log_dir.is_dir())):
             raise OutputRefused(f"{log_dir}: GEPA keeps its state there, and it is a link or a file; remove it")
     program = build_program(method, ablate, layout=layout, policy=policy, revision_mode=revision_mode)
-    if revision_mode == "edit" and tuple(tunable) == DEFAULT_TUNABLE:  # the revision a run uses is the edit stage
-        tunable = tuple("edit" if name == "revise" else name for name in tunable)
+    tunable = default_tunable(revision_mode) if tunable is None else tuple(tunable)
     names = [n for n, _ in program.named_predictors()]
     unknown = set(tunable) - set(names)
     if unknown:
@@ -207,7 +211,7 @@ def prepare(
         if max_calls is not None:
             raise
         lms = {"task": task_lm, "judge": judge_lm, "reflection": reflection_lm or task_lm}  # not countable
-    run = _Run(optimizer=optimizer, budget=budget, program=program, names=names, tunable=tuple(tunable),
+    run = _Run(optimizer=optimizer, budget=budget, program=program, names=names, tunable=tunable,
                train=[to_example(t) for t in train], dev=[to_example(t) for t in dev],
                test=[to_example(t) for t in test] if test else None, lms=lms, ledger=ledger, threads=threads,
                dev_votes=dev_votes, log_dir=gepa_log_dir(out) if optimizer == "gepa" else None,

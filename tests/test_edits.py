@@ -12,7 +12,7 @@ from cg_dspy.clbench.store import read_rows
 from cg_dspy.method import build_program
 from cg_dspy.method.edits import CUT, apply_edits
 from cg_dspy.method.schemas import Edit, PlanItem
-from cg_dspy.saved import load_program
+from cg_dspy.saved import ProgramRefused, load_program
 from cg_dspy.testing.server import ChatServer, default_reply
 
 ANSWER = ("Zorvan is not approved for children under 12.\n"
@@ -238,6 +238,11 @@ def test_a_saved_edit_mode_program_keeps_its_mode_and_its_own_prompt(tmp_path):
     assert loaded.config()["revision_mode"] == "edit"
     assert "revision_mode" not in build_program("contextguard").config()  # rewrite programs are as before
     assert not hasattr(build_program("contextguard"), "edit")
+    assert "revise" not in dict(program.named_predictors())  # the stage edit mode never runs is not there
+    state = {**program.dump_state(), "revise": build_program("contextguard").dump_state()["revise"]}
+    path.write_text(json.dumps(state))
+    with pytest.raises(ProgramRefused, match="'revise' is not a stage of this program"):
+        load_program(path)
 
 
 def test_bench_runs_rewrite_and_edit_on_the_same_drafts_and_pairs_them(tmp_path):
@@ -262,7 +267,7 @@ def test_bench_runs_rewrite_and_edit_on_the_same_drafts_and_pairs_them(tmp_path)
 
 def test_an_edit_mode_optimize_tunes_the_edit_stage_and_registers_it_as_its_own_prompt(store):
     import mlflow
-    from conftest import tracked_optimize
+    from conftest import tracked_optimize, untracked_optimize
     from scripted import scripted_lm
     from test_optimize import behaviour, by_ids
 
@@ -282,6 +287,9 @@ def test_an_edit_mode_optimize_tunes_the_edit_stage_and_registers_it_as_its_own_
     assert "edit" in engine.stages() and "revise" not in engine.stages()
     prompt = mlflow.genai.load_prompt("prompts:/contextguard.edit/1")
     assert "targeted edits" in prompt.template
+    with pytest.raises(ValueError, match=r"tunable stages \['revise'\] do not exist"):
+        untracked_optimize(optimizer="bootstrap", train=by_ids("dk-01"), dev=by_ids("dk-03"), task_lm=lm,
+                           judge_lm=lm, revision_mode="edit", tunable=("audit", "revise"))
 
 
 def test_gepa_feedback_for_the_edit_stage_names_the_edits_that_did_not_apply():

@@ -237,8 +237,9 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument("--out", required=True, help="compiled program (JSON state)")
     o.add_argument("--method", default="contextguard", choices=METHODS)
     o.add_argument("--ablate", nargs="*", choices=ABLATIONS, default=[])
-    o.add_argument("--tunable", nargs="+", default=list(DEFAULT_TUNABLE),
-                   help=f"predictors the optimizer may change (default: {' '.join(DEFAULT_TUNABLE)})")
+    o.add_argument("--tunable", nargs="+",
+                   help=f"predictors the optimizer may change (default: {' '.join(DEFAULT_TUNABLE)}; with "
+                        "--revision-mode edit, edit in place of revise)")
     o.add_argument("--reflection-model", help="LM that proposes instructions (GEPA, MIPROv2); default: task LM")
     o.add_argument("--reflection-api-base")
     o.add_argument("--strict", action="store_true")

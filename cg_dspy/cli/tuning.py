@@ -42,7 +42,7 @@ def optimize(args) -> int:
                                          temperature=1.0, max_tokens=4000, cache=not args.no_cache))
     options = dict(optimizer=args.optimizer, train=train, dev=dev, test=test, budget=args.budget,
                    task_lm=build_lm(task_settings), judge_lm=judge_lm(judge_settings), reflection_lm=reflection,
-                   method=args.method, ablate=tuple(args.ablate), tunable=tuple(args.tunable), layout=args.layout,
+                   method=args.method, ablate=tuple(args.ablate), tunable=args.tunable, layout=args.layout,
                    policy=args.policy, revision_mode=args.revision_mode,
                    threads=args.threads, dev_votes=args.dev_votes)
     with _quiet_optimizers():

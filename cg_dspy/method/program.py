@@ -161,9 +161,12 @@ class ContextGuard(SavesConfig, dspy.Module):
         for s in SPECIALISTS.values():
             setattr(self, s.audit_name, dspy.Predict(s.audit_signature()))
             setattr(self, s.checker_name, dspy.Predict(s.checker))
-        self.revise = dspy.Predict(ProtectedRevision)
+        # The revision stage the mode runs, and only that one: a rewrite program's state and
+        # prompts are the paper's, and an edit program has no revision prompt it never sends.
         self.revision_mode = revision_mode
-        if revision_mode == "edit":  # only then, so a rewrite program's state and prompts are the paper's
+        if revision_mode == "rewrite":
+            self.revise = dspy.Predict(ProtectedRevision)
+        else:
             self.edit = dspy.Predict(TargetedEdits)
 
     def uses(self, component: str) -> bool:
