@@ -36,12 +36,12 @@ from cg_dspy.saved import check_output, program_from_state, save_program
 # The audit (generic, and each integrated specialist's own, as the default policy runs
 # them) and the revision: the prompts the paper's method turns on.
 DEFAULT_TUNABLE = ("audit", *integrated_audits(), "revise")
+DEV_VOTES = 3  # the paper's K: dev is judged as results are reported
 
 
 def default_tunable(revision_mode: str = "rewrite") -> tuple[str, ...]:
     """What is tuned unless told: the audits and the revision stage the mode runs."""
     return DEFAULT_TUNABLE if revision_mode == "rewrite" else (*DEFAULT_TUNABLE[:-1], "edit")
-DEV_VOTES = 3  # the paper's K: dev is judged as results are reported
 
 
 @dataclass

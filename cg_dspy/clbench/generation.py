@@ -156,7 +156,7 @@ def run(
         outcome = execute(jobs, store, threads=threads, desc=method, postfix=paths, progress=progress,
                           error_row=failed_row)
         summary = summarize(outcome, store)
-        if hasattr(lm, "endpoint_stats"):  # several replicas: this run's tasks, calls, failures, seconds of each
+        if before is not None:  # several replicas: this run's tasks, calls, failures, seconds of each
             summary["endpoints"] = lm.endpoint_stats(since=before)
         return RunResult(outcome, summary, list(store.rows.values()), store.differences)
 

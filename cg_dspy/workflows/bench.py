@@ -126,7 +126,8 @@ def run_bench(tasks, methods, out_dir: Path, *, lm, judge_lm, votes=3, protocol=
     # each method against the baseline, and edit mode against the rewrite it shares drafts
     # with, paired (repeats by their per-task majority)
     pairs = [("baseline", m) for m in runs if m != "baseline"] if "baseline" in runs else []
-    pairs += [("contextguard", m) for m in runs if m == "contextguard (edit)" and "contextguard" in runs]
+    if {"contextguard", "contextguard (edit)"} <= set(runs):
+        pairs.append(("contextguard", "contextguard (edit)"))
     report = analysis.report(runs, repeats=labelled.repeats, notes=labelled.notes, pairs=pairs, **typed)
     outputs.write(report, out_dir)
     result.report = report

@@ -10,7 +10,7 @@ import contextlib
 import json
 
 from cg_dspy import tracking
-from cg_dspy.method import build_program
+from cg_dspy.method.config import ProgramConfig
 from cg_dspy.optimize import compile as compiling
 from cg_dspy.optimize.compile import OptimizeResult
 from cg_dspy.workflows import Tracking
@@ -41,9 +41,7 @@ def optimize(*, settings: Tracking = Tracking(), alias: str | None = None, **opt
                                                         100 * c.score, c.index)
         result = plan.run()
         result.run_id = active.info.run_id
-        base = build_program(options.get("method", "contextguard"), options.get("ablate", ()),
-                             layout=options.get("layout", "chat"), policy=options.get("policy"),
-                             revision_mode=options.get("revision_mode", "rewrite"))
+        base = ProgramConfig.load(result.program.config(), "the optimized program").build()  # the same, untuned
         _log(result, active.info.run_id, optimizer=options["optimizer"], budget=plan.budget,
              tunable=plan.tunable, alias=alias, base=base)
     return result
