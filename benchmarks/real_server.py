@@ -12,17 +12,14 @@ every task finishes and at least 3 of 4 take a full ContextGuard path.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from _common import ROOT, Timer, finish
 
-from cg_dspy.lms import find_local_gguf
+from cg_dspy.testing import llama
 
 MAX_TOKENS = "256"
 FULL_PATHS = ("revised", "rolled-back", "early-return")
@@ -35,26 +32,9 @@ def run(out: Path, *flags: str) -> dict:
     return json.loads(done.stdout)
 
 
-def serve(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(find_local_gguf()),
-                             "--n_ctx", "8192", "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
-            return proc
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError("llama_cpp.server did not start") from None
-            time.sleep(0.5)
-
-
 def main() -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     results, rows = {}, []
-    server = serve(port)
+    url, server = llama.start_server()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             with Timer() as t:
@@ -62,7 +42,7 @@ def main() -> dict:
             results["in-process"]["wall_s"] = t.seconds
             with Timer() as t:
                 results["llama_cpp.server"] = run(Path(tmp) / "server.jsonl", "--model", "openai/smollm",
-                                                  "--api-base", f"http://127.0.0.1:{port}/v1")
+                                                  "--api-base", url)
             results["llama_cpp.server"]["wall_s"] = t.seconds
     finally:
         server.terminate()

@@ -23,13 +23,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from _common import ROOT, Timer, finish
@@ -38,6 +35,7 @@ from cg_dspy.clbench import generation
 from cg_dspy.clbench.data import Task, load_tasks
 from cg_dspy.lms import LMSettings, build_lm
 from cg_dspy.method import build_program
+from cg_dspy.testing import llama
 from cg_dspy.testing.server import ChatServer
 
 COPIES, THREADS, LATENCY = 4, 8, 0.05
@@ -102,36 +100,8 @@ def test_server_part(tmp: Path) -> tuple[dict, list, dict]:
     return results, rows, {"ratio": ratio, "targets": targets}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_up(url: str, proc: subprocess.Popen, what: str) -> None:
-    deadline = time.time() + 180
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/models", timeout=2).read()
-            return
-        except urllib.error.HTTPError:  # it answers (the proxy asks for its key): it is up
-            return
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"{what} did not start") from None
-            time.sleep(0.5)
-
-
 def llama_server() -> tuple[str, subprocess.Popen]:
-    from cg_dspy.lms import find_local_gguf
-
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(find_local_gguf()), "--n_ctx",
-                             "8192", "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/v1"
-    wait_up(url, proc, "llama_cpp.server")
-    return url, proc
+    return llama.start_server("--n_threads", "1")
 
 
 def demo(out: Path, *bases: str, kill: subprocess.Popen | None = None, after: float = 0.0, env: dict | None = None
@@ -163,11 +133,11 @@ def proxy(bases: list[str], tmp: Path) -> tuple[str, subprocess.Popen] | None:
         f"  - model_name: smollm\n    litellm_params:\n      model: openai/smollm\n      api_base: {b}\n"
         "      api_key: none\n" for b in bases) + "router_settings:\n  routing_strategy: simple-shuffle\n"
         f"general_settings:\n  master_key: {PROXY_KEY}\n")
-    port = free_port()
+    port = llama.free_port()
     proc = subprocess.Popen([str(Path(sys.executable).parent / "litellm"), "--config", str(config), "--host",
                              "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/v1"
-    wait_up(url, proc, "the LiteLLM proxy")
+    llama.wait_up(url, proc, "the LiteLLM proxy")
     return url, proc
 
 

@@ -6,10 +6,6 @@ meet a server that is not ours.
 """
 
 import json
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 
 import pytest
@@ -20,40 +16,24 @@ from cg_dspy.clbench.store import read_rows
 MAX_TOKENS = 192  # room for a demo answer and an audit; every reply on this single-slot server costs time
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def llama_server():
     pytest.importorskip("llama_cpp.server", reason="needs llama-cpp-python[server] (the dev extra)")
     from cg_dspy.lms import find_local_gguf
+    from cg_dspy.testing import llama
 
     try:
-        gguf = find_local_gguf()
+        find_local_gguf()
     except RuntimeError:
         pytest.skip("embedded model not installed")
-    port = free_port()
     # One thread to generate: a token is small work with a barrier per layer, and on
     # this shared 2-core machine a second thread mostly spins there against the other
     # test workers (prompts are still read on every core). The prompt cache on, as a
     # server for many requests is run: instructions the tasks share are read once.
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", "8192",
-                             "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1", "--cache", "true"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.time() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/models", timeout=2).read()
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail("llama_cpp.server did not start")
-            time.sleep(0.5)
+    try:
+        url, proc = llama.start_server("--n_threads", "1", "--cache", "true")
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
     yield url
     proc.terminate()
     proc.wait(timeout=30)
